@@ -1,0 +1,302 @@
+// Package conformance is the executable form of sqlease's behavioural
+// contract (SPEC.md): every rule has cases named after it (S1_..., H2_...),
+// and every case runs against any dialect.
+//
+// Run it from a dialect's tests:
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Run(t, conformance.SQLite(t.TempDir()))
+//	}
+//
+// A third-party dialect needs only a Config: its dialect, its database/sql
+// driver name, and a function that prepares an empty, isolated database per
+// case. Cases are skipped only by the dialect's declared capabilities, with
+// the reason, never by its name. The same cases run outside go test through
+// RunCase with any T (the sqlease check command does this).
+package conformance
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/internal/faultdb"
+	"github.com/sqlease/sqlease/lock"
+	"github.com/sqlease/sqlease/migrate"
+)
+
+// T is what a case needs from its runner; *testing.T satisfies it. Fatalf
+// and Skipf must stop the case's goroutine (runtime.Goexit), as testing does.
+type T interface {
+	Helper()
+	Name() string
+	Logf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+	Cleanup(func())
+	Failed() bool
+	Context() context.Context
+}
+
+// Database is one isolated database prepared for one case.
+type Database struct {
+	// DSN opens it with Config.DriverName (also from a child process).
+	DSN string
+	// Namespace places the lock tables (a fresh schema on PostgreSQL).
+	Namespace dialect.Namespace
+	// Cleanup removes it after the case; may be nil.
+	Cleanup func()
+}
+
+// Config says how to run the suite against one dialect.
+type Config struct {
+	// Dialect under test.
+	Dialect dialect.Dialect
+	// DriverName is the database/sql driver name to open DSNs with
+	// ("pgx", "sqlite3"); the driver must be registered.
+	DriverName string
+	// NewDatabase prepares an empty, isolated database for the case name.
+	NewDatabase func(ctx context.Context, caseName string) (Database, error)
+	// NewLocker builds a Locker; nil means lock.New. Adapters (bunlock,
+	// sqlxlock) plug their constructor in here to run the whole suite.
+	NewLocker func(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...lock.Option) (*lock.Locker, error)
+	// Short shortens stress cases (seconds instead of many seconds).
+	Short bool
+}
+
+// Case is one named behavioural test of a SPEC rule.
+type Case struct {
+	// Name starts with the rule, e.g. "S3_TokensIncreasePerKey".
+	Name string
+	// Rule is the SPEC rule it proves ("S3").
+	Rule string
+	// Needs lists capabilities the case requires; without them it is
+	// skipped with a reason.
+	Needs dialect.Capabilities
+	// Run runs the case.
+	Run func(e *Env)
+}
+
+var (
+	regMu    sync.Mutex
+	registry []Case
+)
+
+func register(cs ...Case) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	registry = append(registry, cs...)
+}
+
+// Cases returns every case, sorted by name.
+func Cases() []Case {
+	regMu.Lock()
+	defer regMu.Unlock()
+	out := slices.Clone(registry)
+	slices.SortFunc(out, func(a, b Case) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Run runs every case as a parallel subtest of t. When the process is a
+// child started by a multi-process case, Run does the child's work and
+// exits instead.
+func Run(t *testing.T, cfg Config) {
+	t.Helper()
+	if IsChild() {
+		os.Exit(ChildMain())
+	}
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range Cases() {
+		t.Run(c.Name, func(t *testing.T) {
+			t.Parallel()
+			RunCase(t, cfg, c)
+		})
+	}
+}
+
+func (cfg Config) validate() error {
+	if cfg.Dialect == nil || cfg.DriverName == "" || cfg.NewDatabase == nil {
+		return fmt.Errorf("conformance: Config needs Dialect, DriverName and NewDatabase")
+	}
+	return nil
+}
+
+// RunCase runs one case with t: it checks capabilities, prepares the
+// database (migrated), runs the case and cleans up.
+func RunCase(t T, cfg Config, c Case) {
+	t.Helper()
+	if err := cfg.validate(); err != nil {
+		t.Fatalf("%v", err)
+	}
+	if missing := c.Needs &^ cfg.Dialect.Capabilities(); missing != 0 {
+		t.Skipf("dialect %q lacks capability %s", cfg.Dialect.Name(), missing)
+	}
+	e := newEnv(t, cfg, c)
+	c.Run(e)
+}
+
+// Env is what a case works with: a migrated, isolated database reached
+// through a fault injector, and helpers.
+type Env struct {
+	T       T
+	Config  Config
+	Dialect dialect.Dialect
+	// DB reaches the case's database through Faults.
+	DB *sql.DB
+	// Faults injects delays and errors into DB's statements.
+	Faults *faultdb.Injector
+	// DSN and Namespace locate the database.
+	DSN       string
+	Namespace dialect.Namespace
+	// Logger writes to the case's log while the case runs.
+	Logger *slog.Logger
+
+	mu   sync.Mutex
+	done bool
+}
+
+func newEnv(t T, cfg Config, c Case) *Env {
+	t.Helper()
+	ctx := t.Context()
+	db0, err := cfg.NewDatabase(ctx, c.Name)
+	if err != nil {
+		t.Fatalf("prepare database: %v", err)
+	}
+	if db0.Cleanup != nil {
+		t.Cleanup(db0.Cleanup)
+	}
+	e := &Env{T: t, Config: cfg, Dialect: cfg.Dialect, DSN: db0.DSN, Namespace: db0.Namespace, Faults: faultdb.New()}
+	e.Logger = slog.New(slog.NewTextHandler(&caseLog{e: e}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	raw, err := sql.Open(cfg.DriverName, db0.DSN)
+	if err != nil {
+		t.Fatalf("open %s: %v", cfg.DriverName, err)
+	}
+	conn, err := faultdb.DSNConnector(raw.Driver(), db0.DSN)
+	_ = raw.Close()
+	if err != nil {
+		t.Fatalf("connector: %v", err)
+	}
+	e.DB = sql.OpenDB(e.Faults.Connector(conn))
+	e.DB.SetMaxOpenConns(32)
+	t.Cleanup(func() {
+		e.mu.Lock()
+		e.done = true
+		e.mu.Unlock()
+		e.Faults.Reset()
+		_ = e.DB.Close()
+	})
+	if _, err := migrate.Up(ctx, e.DB, cfg.Dialect, migrate.WithNamespace(e.Namespace)); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return e
+}
+
+type caseLog struct{ e *Env }
+
+func (w *caseLog) Write(p []byte) (int, error) {
+	w.e.mu.Lock()
+	defer w.e.mu.Unlock()
+	if !w.e.done {
+		w.e.T.Logf("%s", strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+// Ctx returns the case's context.
+func (e *Env) Ctx() context.Context { return e.T.Context() }
+
+// LockerOptions returns the options that place a Locker in the case's
+// namespace and log to the case, followed by opts.
+func (e *Env) LockerOptions(opts ...lock.Option) []lock.Option {
+	base := []lock.Option{lock.WithSchema(e.Namespace.Schema), lock.WithTablePrefix(e.Namespace.Prefix), lock.WithLogger(e.Logger)}
+	return append(base, opts...)
+}
+
+// NewLocker builds a Locker on db (nil: e.DB) in the case's namespace, with
+// the Config's constructor; it fails the case on error and closes the
+// Locker at cleanup.
+func (e *Env) NewLocker(db *sql.DB, opts ...lock.Option) *lock.Locker {
+	e.T.Helper()
+	l, err := e.TryNewLocker(db, opts...)
+	if err != nil {
+		e.T.Fatalf("new locker: %v", err)
+	}
+	e.T.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = l.Close(ctx)
+	})
+	return l
+}
+
+// TryNewLocker is NewLocker returning the error.
+func (e *Env) TryNewLocker(db *sql.DB, opts ...lock.Option) (*lock.Locker, error) {
+	if db == nil {
+		db = e.DB
+	}
+	newLocker := e.Config.NewLocker
+	if newLocker == nil {
+		newLocker = lock.New
+	}
+	return newLocker(e.Ctx(), db, e.Dialect, e.LockerOptions(opts...)...)
+}
+
+// OpenDB opens another pool to the case's database, without faults; it is
+// closed at cleanup.
+func (e *Env) OpenDB() *sql.DB {
+	e.T.Helper()
+	db, err := sql.Open(e.Config.DriverName, e.DSN)
+	if err != nil {
+		e.T.Fatalf("open: %v", err)
+	}
+	e.T.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// Table returns the quoted name of a case-owned table called name (not a
+// lock table) in the case's namespace, e.g. for a log table.
+func (e *Env) Table(name string) string {
+	ns := e.Namespace
+	ns.Prefix = "case_"
+	return ns.Object(e.Dialect, name)
+}
+
+// Go runs f in a goroutine; Wait waits for all of them. Use it instead of
+// bare goroutines so a case never ends while one still runs.
+func (e *Env) Go(wg *sync.WaitGroup, f func()) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		f()
+	}()
+}
+
+// Eventually polls cond every 5ms until it is true or timeout passes.
+func Eventually(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var _ = runtime.Goexit
+
+var discard = slog.New(slog.DiscardHandler)

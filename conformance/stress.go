@@ -1,0 +1,336 @@
+package conformance
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/lock"
+)
+
+// childEnv carries a child process's work (JSON).
+const childEnv = "SQLEASE_CONFORMANCE_CHILD"
+
+// IsChild reports whether this process was started by a multi-process case
+// to do a share of its work. Test binaries reach it through Run; other
+// programs that run cases (sqlease check) must call ChildMain first thing.
+func IsChild() bool { return os.Getenv(childEnv) != "" }
+
+// ChildMain does a child process's work and returns its exit code.
+func ChildMain() int {
+	var spec StressSpec
+	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, "conformance child: bad spec:", err)
+		return 2
+	}
+	d, err := dialect.Lookup(spec.Dialect)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance child:", err)
+		return 2
+	}
+	db, err := sql.Open(spec.Driver, spec.DSN)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance child:", err)
+		return 2
+	}
+	defer db.Close()
+	ctx := context.Background()
+	if err := RunStressWorkers(ctx, db, d, spec, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "conformance child:", err)
+		return 1
+	}
+	return 0
+}
+
+// StressSpec describes contention work: Workers goroutines that for
+// Duration take leases on Keys keys (mode mixed by SharedPercent), hold them
+// briefly and log each grant to LogTable. CrashPercent of grants are
+// orphaned (the holder "crashes") instead of released.
+type StressSpec struct {
+	Dialect, Driver, DSN string
+	Namespace            dialect.Namespace
+	LogTable             string
+	Worker               string
+	Workers, Keys        int
+	SharedPercent        int
+	CrashPercent         int
+	Duration, TTL, Hold  time.Duration
+	WaitTimeout          time.Duration
+}
+
+// CreateLogTable creates the grant log table used by stress cases.
+func CreateLogTable(ctx context.Context, db *sql.DB, table string) error {
+	_, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (lock_key TEXT NOT NULL, token BIGINT NOT NULL, mode TEXT NOT NULL, acquired_us BIGINT NOT NULL, released_us BIGINT NOT NULL, worker TEXT NOT NULL)`)
+	return err
+}
+
+// RunStressWorkers runs spec.Workers workers against db. newLocker may be
+// nil (lock.New).
+func RunStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec StressSpec, newLocker func(context.Context, *sql.DB, dialect.Dialect, ...lock.Option) (*lock.Locker, error)) error {
+	if newLocker == nil {
+		newLocker = lock.New
+	}
+	insert := fmt.Sprintf(`INSERT INTO %s (lock_key, token, mode, acquired_us, released_us, worker) VALUES (%s, %s, %s, %s, %s, %s)`,
+		spec.LogTable, d.Placeholder(1), d.Placeholder(2), d.Placeholder(3), d.Placeholder(4), d.Placeholder(5), d.Placeholder(6))
+	deadline := time.Now().Add(spec.Duration)
+	var wg sync.WaitGroup
+	errs := make(chan error, spec.Workers)
+	for w := 0; w < spec.Workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each worker is its own holder (own Locker), as separate
+			// replicas would be.
+			restarts := 0
+			start := func() (*lock.Locker, error) {
+				restarts++
+				return newLocker(ctx, db, d, lock.WithSchema(spec.Namespace.Schema), lock.WithTablePrefix(spec.Namespace.Prefix),
+					lock.WithTTL(spec.TTL), lock.WithoutSchemaCheck(), lock.WithMaxBackoff(20*time.Millisecond),
+					lock.WithOwner(fmt.Sprintf("%s/%d/%d", spec.Worker, w, restarts)), lock.WithLogger(discard))
+			}
+			l, err := start()
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer func() { l.Close(context.Background()) }()
+			for time.Now().Before(deadline) {
+				key := fmt.Sprintf("stress/%d", rand.IntN(spec.Keys))
+				mode := lock.Exclusive
+				if rand.IntN(100) < spec.SharedPercent {
+					mode = lock.Shared
+				}
+				lease, err := l.Acquire(ctx, key, mode, lock.WaitTimeout(spec.WaitTimeout))
+				if errors.Is(err, lock.ErrLocked) {
+					continue
+				}
+				if err != nil {
+					errs <- fmt.Errorf("acquire: %w", err)
+					return
+				}
+				acquired := lease.Expiry().Add(-spec.TTL).UnixMicro()
+				time.Sleep(time.Duration(rand.Int64N(int64(spec.Hold) + 1)))
+				var released int64
+				if rand.IntN(100) < spec.CrashPercent {
+					// The holder "crashes": its lease is never renewed or
+					// released again, and the worker restarts as a new
+					// holder.
+					lease.Orphan()
+					released = lease.Expiry().UnixMicro()
+					if l, err = start(); err != nil {
+						errs <- err
+						return
+					}
+				} else {
+					_, now, err := l.Holders(ctx, key)
+					if err != nil {
+						errs <- fmt.Errorf("holders: %w", err)
+						return
+					}
+					released = min(now.UnixMicro(), lease.Expiry().UnixMicro())
+					if err := lease.Release(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+						errs <- fmt.Errorf("release: %w", err)
+						return
+					}
+				}
+				if _, err := db.ExecContext(ctx, insert, key, lease.Token(), lease.Mode().String(), acquired, released, spec.Worker); err != nil {
+					errs <- fmt.Errorf("log: %w", err)
+					return
+				}
+				if lease.Err() != nil && !errors.Is(lease.Err(), lock.ErrReleased) && !errors.Is(lease.Err(), lock.ErrLeaseLost) {
+					errs <- fmt.Errorf("unexpected lease end: %w", lease.Err())
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
+
+// Grant is one logged lease.
+type Grant struct {
+	Key                  string
+	Token                int64
+	Mode                 string
+	Acquired, Released   int64 // database microseconds
+	Worker               string
+}
+
+// ReadLog reads the grant log.
+func ReadLog(ctx context.Context, db *sql.DB, table string) ([]Grant, error) {
+	rows, err := db.QueryContext(ctx, `SELECT lock_key, token, mode, acquired_us, released_us, worker FROM `+table)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Grant
+	for rows.Next() {
+		var g Grant
+		if err := rows.Scan(&g.Key, &g.Token, &g.Mode, &g.Acquired, &g.Released, &g.Worker); err != nil {
+			return nil, err
+		}
+		out = append(out, g)
+	}
+	return out, rows.Err()
+}
+
+// CheckLog verifies S1 and S3 on a grant log: per key, no exclusive
+// interval overlaps any other interval, and ordered by token, grants never
+// go back in time and tokens never repeat. It returns one line per
+// violation (at most 20).
+func CheckLog(grants []Grant) []string {
+	var bad []string
+	byKey := map[string][]Grant{}
+	for _, g := range grants {
+		byKey[g.Key] = append(byKey[g.Key], g)
+	}
+	for key, gs := range byKey {
+		sort.Slice(gs, func(i, j int) bool { return gs[i].Token < gs[j].Token })
+		for i := range gs {
+			if i > 0 && gs[i].Token == gs[i-1].Token {
+				bad = append(bad, fmt.Sprintf("S3 %s: token %d granted twice", key, gs[i].Token))
+			}
+			if i > 0 && gs[i].Acquired < gs[i-1].Acquired {
+				bad = append(bad, fmt.Sprintf("S3 %s: token %d granted at %d, before token %d at %d", key, gs[i].Token, gs[i].Acquired, gs[i-1].Token, gs[i-1].Acquired))
+			}
+			for j := i + 1; j < len(gs); j++ {
+				a, b := gs[i], gs[j]
+				if a.Mode != "exclusive" && b.Mode != "exclusive" {
+					continue
+				}
+				if a.Acquired < b.Released && b.Acquired < a.Released {
+					bad = append(bad, fmt.Sprintf("S1 %s: %s token %d [%d,%d] overlaps %s token %d [%d,%d]", key, a.Mode, a.Token, a.Acquired, a.Released, b.Mode, b.Token, b.Acquired, b.Released))
+				}
+			}
+			if len(bad) >= 20 {
+				return bad
+			}
+		}
+	}
+	return bad
+}
+
+// SpawnChildren starts n child processes doing spec's work (each its own
+// worker name) and returns a function that waits for them and returns
+// their combined error. Under go test the children re-run this test
+// binary; elsewhere they re-run os.Args.
+func SpawnChildren(e *Env, n int, spec StressSpec) (wait func() error) {
+	e.T.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		e.T.Fatalf("executable: %v", err)
+	}
+	var args []string
+	if testing.Testing() {
+		top, _, _ := strings.Cut(e.T.Name(), "/")
+		args = []string{"-test.run=^" + top + "$", "-test.count=1"}
+	} else {
+		args = os.Args[1:]
+	}
+	type proc struct {
+		cmd *exec.Cmd
+		out *strings.Builder
+	}
+	var procs []proc
+	for i := 0; i < n; i++ {
+		s := spec
+		s.Worker = fmt.Sprintf("proc%d", i)
+		b, _ := json.Marshal(s)
+		cmd := exec.Command(exe, args...)
+		cmd.Env = append(os.Environ(), childEnv+"="+string(b))
+		out := &strings.Builder{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			e.T.Fatalf("start child: %v", err)
+		}
+		procs = append(procs, proc{cmd, out})
+	}
+	return func() error {
+		var errs []error
+		for i, p := range procs {
+			if err := p.cmd.Wait(); err != nil {
+				errs = append(errs, fmt.Errorf("child %d: %v: %s", i, err, p.out.String()))
+			}
+		}
+		return errors.Join(errs...)
+	}
+}
+
+// stressCase contends Workers goroutines plus 2 processes on 4 keys.
+func stressCase(e *Env, sharedPercent, crashPercent int) {
+	ctx := e.Ctx()
+	table := e.Table("grants")
+	if err := CreateLogTable(ctx, e.DB, table); err != nil {
+		e.T.Fatalf("create log: %v", err)
+	}
+	dur := 4 * time.Second
+	if e.Config.Short {
+		dur = 1500 * time.Millisecond
+	}
+	spec := StressSpec{
+		Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace, LogTable: table,
+		Worker: "inproc", Workers: 16, Keys: 4, SharedPercent: sharedPercent, CrashPercent: crashPercent,
+		Duration: dur, TTL: 400 * time.Millisecond, Hold: 10 * time.Millisecond, WaitTimeout: time.Second,
+	}
+	wait := SpawnChildren(e, 2, StressSpec{
+		Dialect: spec.Dialect, Driver: spec.Driver, DSN: spec.DSN, Namespace: spec.Namespace, LogTable: table,
+		Workers: 4, Keys: spec.Keys, SharedPercent: sharedPercent, CrashPercent: crashPercent,
+		Duration: dur, TTL: spec.TTL, Hold: spec.Hold, WaitTimeout: spec.WaitTimeout,
+	})
+	err := RunStressWorkers(ctx, e.OpenDB(), e.Dialect, spec, e.Config.NewLocker)
+	if cerr := wait(); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	if err != nil {
+		e.T.Fatalf("stress workers: %v", err)
+	}
+	grants, err := ReadLog(ctx, e.DB, table)
+	if err != nil {
+		e.T.Fatalf("read log: %v", err)
+	}
+	perWorker := map[string]int{}
+	modes := map[string]int{}
+	for _, g := range grants {
+		perWorker[g.Worker]++
+		modes[g.Mode]++
+	}
+	e.T.Logf("%d grants: %v by mode, %v by worker", len(grants), modes, perWorker)
+	if len(grants) < 50 {
+		e.T.Errorf("only %d grants in %s; the stress did not stress", len(grants), dur)
+	}
+	for _, w := range []string{"inproc", "proc0", "proc1"} {
+		if perWorker[w] == 0 {
+			e.T.Errorf("worker %s got no grant", w)
+		}
+	}
+	if sharedPercent > 0 && (modes["shared"] == 0 || modes["exclusive"] == 0) {
+		e.T.Errorf("want both modes granted, got %v", modes)
+	}
+	for _, line := range CheckLog(grants) {
+		e.T.Errorf("%s", line)
+	}
+}
+
+func init() {
+	register(
+		Case{Name: "S1_StressMixedModesAcrossProcesses", Rule: "S1", Run: func(e *Env) { stressCase(e, 50, 0) }},
+		Case{Name: "S1_StressWithCrashedHolders", Rule: "S1", Run: func(e *Env) { stressCase(e, 30, 10) }},
+	)
+}

@@ -1,0 +1,164 @@
+// Package pgdialect is the PostgreSQL dialect of sqlease.
+//
+// Fencing tokens come from a SEQUENCE, so acquiring one key locks no row that
+// another key needs (SPEC S3, S5). Acquire is one call of a plpgsql function
+// installed by the migrations: one round trip, and a refused poll writes
+// nothing. Times are clock_timestamp(), evaluated when each statement runs
+// (SPEC S2). Fenced writes hold the holder row FOR KEY SHARE; a takeover
+// deletes the row and so waits, while a renewal updates only non-key columns
+// and does not (SPEC F1, H7).
+//
+// Importing the package registers the dialect as "postgres"; it is detected
+// for the pgx (github.com/jackc/pgx/v5/stdlib, v4) and lib/pq drivers. It
+// imports no driver: errors are classified by their SQLSTATE through the
+// SQLState() method both drivers' error types have.
+package pgdialect
+
+import (
+	"context"
+	"database/sql/driver"
+	"embed"
+	"errors"
+	"io/fs"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/sqlease/sqlease/dialect"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Name is the registry name of this dialect.
+const Name = "postgres"
+
+// Dialect is the PostgreSQL dialect. Its zero value is ready to use.
+type Dialect struct{}
+
+var (
+	_ dialect.Dialect       = Dialect{}
+	_ dialect.DriverMatcher = Dialect{}
+)
+
+func init() { dialect.Register(Dialect{}) }
+
+// New returns the PostgreSQL dialect.
+func New() Dialect { return Dialect{} }
+
+// Name returns "postgres".
+func (Dialect) Name() string { return Name }
+
+// Capabilities: schemas, row-lock fences, concurrent writers, and migrations
+// serialized by a session advisory lock.
+func (Dialect) Capabilities() dialect.Capabilities {
+	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapSessionLockedMigrations
+}
+
+// QuoteIdent double-quotes name, doubling embedded quotes.
+func (Dialect) QuoteIdent(name string) string {
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+// Placeholder returns "$n".
+func (Dialect) Placeholder(n int) string { return "$" + strconv.Itoa(n) }
+
+// GooseDialect returns "postgres".
+func (Dialect) GooseDialect() string { return "postgres" }
+
+// Migrations returns the embedded migration templates.
+func (Dialect) Migrations() fs.FS {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
+// MatchesDriver claims pgx (v4, v5) and lib/pq.
+func (Dialect) MatchesDriver(d driver.Driver) bool {
+	p := dialect.DriverPackage(d)
+	return strings.HasPrefix(p, "github.com/jackc/pgx/") || p == "github.com/lib/pq"
+}
+
+// Classify maps SQLSTATEs: 40001 serialization failure, 40P01 deadlock,
+// 55P03 lock not available, 57014 query canceled (statement timeout),
+// 57P01..57P03 shutdown, class 08 connection errors, and lost connections
+// are retryable; 23505/23P01 are conflicts; 42P01/42883/3F000 (undefined
+// table, function or schema) mean the schema is not migrated.
+func (Dialect) Classify(err error) dialect.ErrorClass {
+	if err == nil {
+		return dialect.ErrorOther
+	}
+	var st interface{ SQLState() string }
+	if errors.As(err, &st) {
+		code := st.SQLState()
+		switch {
+		case code == "40001" || code == "40P01" || code == "55P03" || code == "57014",
+			strings.HasPrefix(code, "57P"), strings.HasPrefix(code, "08"):
+			return dialect.ErrorRetryable
+		case code == "23505" || code == "23P01":
+			return dialect.ErrorConflict
+		case code == "42P01" || code == "42883" || code == "3F000":
+			return dialect.ErrorUndefinedTable
+		}
+		return dialect.ErrorOther
+	}
+	var ne net.Error
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) {
+		return dialect.ErrorRetryable
+	}
+	return dialect.ErrorOther
+}
+
+// Statements returns the PostgreSQL statement templates.
+func (Dialect) Statements() dialect.Statements {
+	return dialect.Statements{
+		Acquire: []string{`SELECT granted, lease_id, mode, owner, token, expires_us, now_us
+FROM {acquire}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint)`},
+		Renew: `UPDATE {holders}
+SET expires_at = clock_timestamp() + @ttl_us::bigint * interval '1 microsecond'
+WHERE lease_id = @lease_id AND token = @token AND expires_at > clock_timestamp()
+RETURNING {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us`,
+		// The idle key row is removed only when no one holds its lock
+		// (SKIP LOCKED): release never waits behind an acquire.
+		Release: `WITH idle AS (
+    DELETE FROM {keys} k WHERE k.lock_key IN (
+        SELECT k2.lock_key FROM {keys} k2
+        JOIN {holders} mine ON mine.lock_key = k2.lock_key AND mine.lease_id = @lease_id
+        WHERE (k2.waiter_until IS NULL OR k2.waiter_until <= clock_timestamp())
+          AND NOT EXISTS (SELECT 1 FROM {holders} o WHERE o.lock_key = k2.lock_key AND o.lease_id <> @lease_id)
+        FOR UPDATE OF k2 SKIP LOCKED)
+)
+DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token::bigint = 0)`,
+		ClearMarker: `UPDATE {keys} SET waiter_id = NULL, waiter_owner = NULL, waiter_until = NULL
+WHERE lock_key = @key AND waiter_id = @lease_id`,
+		Fence: `SELECT {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us
+FROM {holders}
+WHERE lease_id = @lease_id AND token = @token AND expires_at > clock_timestamp()
+FOR KEY SHARE`,
+		Holders: `SELECT lock_key, mode, lease_id, owner, token, {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us
+FROM {holders} WHERE starts_with(lock_key, @key_prefix)
+UNION ALL
+SELECT lock_key, 'w', waiter_id, waiter_owner, 0, {to_us}(waiter_until), {to_us}(clock_timestamp())
+FROM {keys} WHERE waiter_id IS NOT NULL AND starts_with(lock_key, @key_prefix)
+ORDER BY 1, 5`,
+		Sweep: []string{`WITH doomed AS (
+    SELECT lease_id FROM {holders}
+    WHERE expires_at <= clock_timestamp()
+    ORDER BY expires_at
+    LIMIT @limit
+    FOR UPDATE SKIP LOCKED
+), idle AS (
+    DELETE FROM {keys} k WHERE k.lock_key IN (
+        SELECT k2.lock_key FROM {keys} k2
+        WHERE (k2.waiter_until IS NULL OR k2.waiter_until <= clock_timestamp())
+          AND NOT EXISTS (SELECT 1 FROM {holders} h WHERE h.lock_key = k2.lock_key AND h.expires_at > clock_timestamp())
+        LIMIT @limit
+        FOR UPDATE OF k2 SKIP LOCKED)
+)
+DELETE FROM {holders} h USING doomed d
+WHERE h.lease_id = d.lease_id AND h.expires_at <= clock_timestamp()`},
+		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {keys})`,
+	}
+}

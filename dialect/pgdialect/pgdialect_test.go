@@ -1,0 +1,19 @@
+package pgdialect_test
+
+import (
+	"testing"
+
+	"github.com/sqlease/sqlease/conformance"
+)
+
+// TestConformance runs the whole SPEC suite on PostgreSQL, each case in its
+// own schema, when SQLEASE_POSTGRES_DSN is set (required in CI through
+// SQLEASE_REQUIRE_POSTGRES=1).
+func TestConformance(t *testing.T) {
+	if conformance.IsChild() {
+		conformance.Run(t, conformance.Config{})
+	}
+	cfg := conformance.Postgres(conformance.PostgresDSN(t))
+	cfg.Short = testing.Short()
+	conformance.Run(t, cfg)
+}

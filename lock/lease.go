@@ -1,0 +1,421 @@
+package lock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+var errBadConn = driver.ErrBadConn
+
+type leaseState int8
+
+const (
+	stateHeld      leaseState = iota
+	stateLost                 // lost; context cancelled with a *LeaseLostError
+	stateFinishing            // Do's function returned; later losses are ignored (SPEC H4)
+	stateReleased             // released (or a release was attempted)
+)
+
+// Lease is one grant of a key. It renews itself every TTL/3 in the
+// background until Release or loss (SPEC H2). Its methods are safe for
+// concurrent use.
+type Lease struct {
+	l     *Locker
+	key   string
+	mode  Mode
+	id    string
+	owner string
+	token int64
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	stopOnce  sync.Once
+	stop      chan struct{}
+	renewDone chan struct{}
+	watchdog  *time.Timer
+
+	mu           sync.Mutex
+	state        leaseState
+	released     bool // a release deleted the row or found it gone
+	expiry       time.Time
+	lastSend     time.Time // local monotonic send time of the last successful acquire/renew
+	trustedUntil time.Time
+}
+
+func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Time) *Lease {
+	le := &Lease{
+		l: l, key: key, mode: mode, id: res.lease.LeaseID, owner: res.lease.Owner, token: res.lease.Token,
+		stop: make(chan struct{}), renewDone: make(chan struct{}),
+		expiry: res.lease.Expiry, lastSend: send, trustedUntil: send.Add(l.cfg.ttl - l.cfg.margin),
+	}
+	le.ctx, le.cancel = context.WithCancelCause(context.Background())
+	// checkWindow takes le.mu first, so it cannot see le.watchdog unset.
+	le.mu.Lock()
+	le.watchdog = time.AfterFunc(time.Until(le.trustedUntil), le.checkWindow)
+	le.mu.Unlock()
+	l.mu.Lock()
+	l.leases[le] = struct{}{}
+	l.mu.Unlock()
+	go le.renewLoop()
+	return le
+}
+
+// Key returns the lease's key.
+func (le *Lease) Key() string { return le.key }
+
+// Mode returns Exclusive or Shared.
+func (le *Lease) Mode() Mode { return le.mode }
+
+// LeaseID returns the random, unique ID of this grant.
+func (le *Lease) LeaseID() string { return le.id }
+
+// Owner returns the owner label stored with the lease.
+func (le *Lease) Owner() string { return le.owner }
+
+// Token returns the fencing token: greater than every token granted before
+// for this key, in either mode, and stable for the whole lease (SPEC S3).
+func (le *Lease) Token() int64 { return le.token }
+
+// Expiry returns the expiry the database reported at the last successful
+// acquire or renew, in database time (SPEC S2). Compare it with database
+// time, not the local clock; use Remaining for a local decision.
+func (le *Lease) Expiry() time.Time {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.expiry
+}
+
+// Remaining returns how much longer the holder may trust the lease, by the
+// local monotonic clock: send time of the last successful acquire or renew,
+// plus the TTL, minus the safety margin, minus now (SPEC H1). It is 0 once
+// the window has ended or the lease was lost or released.
+func (le *Lease) Remaining() time.Duration {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if le.state == stateLost || le.state == stateReleased {
+		return 0
+	}
+	return max(time.Until(le.trustedUntil), 0)
+}
+
+// Context returns a context that ends when the lease is lost (cause: a
+// *LeaseLostError matching ErrLeaseLost; SPEC H3) or released (cause
+// ErrReleased). Read the cause with context.Cause. It carries no values.
+func (le *Lease) Context() context.Context { return le.ctx }
+
+// Done is Context().Done().
+func (le *Lease) Done() <-chan struct{} { return le.ctx.Done() }
+
+// Err returns nil while the lease is held, else context.Cause(Context()).
+func (le *Lease) Err() error {
+	if le.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(le.ctx)
+}
+
+func (le *Lease) lostErr(reason LossReason, err error) *LeaseLostError {
+	return &LeaseLostError{Key: le.key, LeaseID: le.id, Token: le.token, Reason: reason, Err: err}
+}
+
+// lose marks the lease lost, once, unless it was already released or its
+// function returned (SPEC H3, H4).
+func (le *Lease) lose(reason LossReason, err error) error {
+	le.mu.Lock()
+	if st := le.state; st != stateHeld {
+		le.mu.Unlock()
+		if c := context.Cause(le.ctx); c != nil && st == stateLost {
+			return c
+		}
+		return le.lostErr(reason, err)
+	}
+	le.state = stateLost
+	le.mu.Unlock()
+	lost := le.lostErr(reason, err)
+	le.cancel(lost)
+	le.stopRenewal()
+	le.watchdog.Stop()
+	le.l.forget(le.key, le.id)
+	le.l.cfg.logger.Warn("sqlease: lease lost", "key", le.key, "lease_id", le.id, "token", le.token, "reason", string(reason), "err", err)
+	return lost
+}
+
+// checkWindow runs when the trusted window may have ended (SPEC H1, H2).
+func (le *Lease) checkWindow() {
+	le.mu.Lock()
+	until := le.trustedUntil
+	le.mu.Unlock()
+	if d := time.Until(until); d > 0 {
+		le.watchdog.Reset(d)
+		return
+	}
+	le.lose(LossWindowExhausted, nil)
+}
+
+func (le *Lease) stopRenewal() { le.stopOnce.Do(func() { close(le.stop) }) }
+
+// finish is called when Do's function returns: it reports a loss that
+// happened before, and makes later losses no-ops (SPEC H4).
+func (le *Lease) finish() error {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if le.state == stateLost {
+		return context.Cause(le.ctx)
+	}
+	if le.state == stateHeld {
+		le.state = stateFinishing
+	}
+	return nil
+}
+
+var errRenewNotFound = errors.New("lease not found")
+
+// renewOnce sends one renewal and, on success, moves the trusted window.
+func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
+	l := le.l
+	le.mu.Lock()
+	until := le.trustedUntil
+	le.mu.Unlock()
+	timeout := l.cfg.renewTimeout
+	if d := time.Until(until); d > 0 && d < timeout {
+		timeout = d
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	send := time.Now()
+	var exp, now int64
+	err := db.QueryRowContext(rctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+		"lease_id": le.id, "token": le.token, "ttl_us": l.cfg.ttl.Microseconds(),
+	})...).Scan(&exp, &now)
+	if errors.Is(err, sql.ErrNoRows) {
+		return errRenewNotFound
+	}
+	if err != nil {
+		return err
+	}
+	le.mu.Lock()
+	if le.state == stateHeld || le.state == stateFinishing {
+		if send.After(le.lastSend) {
+			le.lastSend = send
+			le.trustedUntil = send.Add(l.cfg.ttl - l.cfg.margin)
+			le.expiry = time.UnixMicro(exp)
+		}
+		if le.state == stateHeld {
+			le.watchdog.Reset(time.Until(le.trustedUntil))
+		}
+	}
+	le.mu.Unlock()
+	return nil
+}
+
+func (le *Lease) renewLoop() {
+	defer close(le.renewDone)
+	l := le.l
+	interval := l.cfg.ttl / 3
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	for {
+		le.mu.Lock()
+		next := le.lastSend.Add(interval)
+		le.mu.Unlock()
+		t.Reset(max(time.Until(next), 0))
+		select {
+		case <-le.stop:
+			return
+		case <-t.C:
+		}
+		wait := 5 * time.Millisecond
+		for {
+			err := le.renewOnce(context.Background(), l.renewDB)
+			if err == nil {
+				break
+			}
+			if errors.Is(err, errRenewNotFound) {
+				le.lose(LossNotOurs, nil)
+				return
+			}
+			le.mu.Lock()
+			left := time.Until(le.trustedUntil)
+			le.mu.Unlock()
+			if left <= 0 {
+				le.lose(LossWindowExhausted, err)
+				return
+			}
+			l.cfg.logger.Debug("sqlease: renewal failed, retrying", "key", le.key, "lease_id", le.id, "token", le.token, "err", err, "window_left", left)
+			t.Reset(min(wait, left))
+			select {
+			case <-le.stop:
+				return
+			case <-t.C:
+			}
+			wait = min(2*wait, max(l.cfg.ttl/10, 5*time.Millisecond))
+		}
+	}
+}
+
+// Renew extends the lease now, on ctx, outside the background schedule. It
+// moves the trusted window on success (SPEC H1).
+//
+// Errors: a *LeaseLostError (ErrLeaseLost) when the database no longer has
+// this exact lease, which also ends the lease (SPEC S4); ErrNotHeld after
+// Release; the cause when already lost; otherwise the database's error,
+// after which the lease stays held and background renewal goes on.
+func (le *Lease) Renew(ctx context.Context) error {
+	le.mu.Lock()
+	st := le.state
+	le.mu.Unlock()
+	switch st {
+	case stateLost:
+		return context.Cause(le.ctx)
+	case stateReleased:
+		return fmt.Errorf("lock: renew %q token %d: %w", le.key, le.token, ErrNotHeld)
+	}
+	err := le.renewOnce(ctx, le.l.renewDB)
+	if errors.Is(err, errRenewNotFound) {
+		return le.lose(LossNotOurs, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("lock: renew %q token %d: %w", le.key, le.token, err)
+	}
+	return nil
+}
+
+// Release ends the lease: it stops renewal and deletes exactly this lease
+// (lease ID and token; never a successor's, SPEC S4) on a context detached
+// from ctx with its own deadline (the release timeout, default 5s), so it
+// runs even when ctx is already cancelled (SPEC H5). The lease's context
+// ends with cause ErrReleased unless it was lost before.
+//
+// It returns nil when the lease was deleted, or on any call after a
+// release succeeded (Release is idempotent). It returns an error matching
+// ErrNotHeld when the database no longer had the lease (it had expired and
+// was taken over or swept). A failing or timed-out release is logged at
+// WARN and returned; the lease then ends by expiry, and calling Release
+// again retries.
+func (le *Lease) Release(ctx context.Context) error {
+	le.mu.Lock()
+	if le.released {
+		le.mu.Unlock()
+		return nil
+	}
+	wasLost := le.state == stateLost
+	le.state = stateReleased
+	le.mu.Unlock()
+	le.stopRenewal()
+	le.watchdog.Stop()
+	if !wasLost {
+		le.cancel(ErrReleased)
+	}
+	l := le.l
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
+	defer cancel()
+	res, err := l.db.ExecContext(rctx, l.st.release.SQL, l.st.release.Args(map[string]any{"lease_id": le.id, "token": le.token})...)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err != nil {
+		l.cfg.logger.Warn("sqlease: release failed; the lease ends by expiry", "key", le.key, "lease_id", le.id, "token", le.token, "err", err)
+		return fmt.Errorf("lock: release %q token %d: %w", le.key, le.token, err)
+	}
+	le.mu.Lock()
+	le.released = true
+	le.mu.Unlock()
+	l.forget(le.key, le.id)
+	l.mu.Lock()
+	delete(l.leases, le)
+	l.mu.Unlock()
+	if n == 0 {
+		return fmt.Errorf("lock: release %q token %d: the lease had already ended (expired and taken over or swept): %w", le.key, le.token, ErrNotHeld)
+	}
+	return nil
+}
+
+// Orphan stops renewing the lease without releasing it: the lease ends by
+// expiry in the database, and the handle reports it lost when its trusted
+// window ends. Use it to hand a key over to expiry when a release cannot be
+// trusted to run, and in tests to simulate a crashed holder.
+func (le *Lease) Orphan() { le.stopRenewal() }
+
+// Fence checks, inside the caller's transaction tx, that this exact lease is
+// still live in database time, and keeps it from being taken over until tx
+// ends (SPEC F1): PostgreSQL holds the holder row FOR KEY SHARE; SQLite
+// takes the database write lock, so on SQLite Fence must be the first
+// statement of tx. Renewals are not blocked on PostgreSQL (SPEC H7).
+//
+// Errors: a *LeaseLostError (ErrLeaseLost) when the lease is lost, locally
+// or in the database; tx must then not commit (RunInTx rolls it back; SPEC
+// F2). errors.ErrUnsupported when the dialect has no fence. Otherwise the
+// database's error.
+func (le *Lease) Fence(ctx context.Context, tx *sql.Tx) error {
+	l := le.l
+	if tx == nil {
+		return inputErr("transaction", "nil", "Fence needs the caller's *sql.Tx")
+	}
+	if !l.st.fence.ok {
+		return fmt.Errorf("lock: fence %q: dialect %q: %w", le.key, l.d.Name(), errors.ErrUnsupported)
+	}
+	if err := le.Err(); err != nil {
+		if errors.Is(err, ErrReleased) {
+			return le.lostErr(LossFenceFailed, ErrReleased)
+		}
+		return err
+	}
+	var exp, now int64
+	err := tx.QueryRowContext(ctx, l.st.fence.SQL, l.st.fence.Args(map[string]any{"lease_id": le.id, "token": le.token})...).Scan(&exp, &now)
+	if errors.Is(err, sql.ErrNoRows) {
+		return le.lose(LossFenceFailed, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("lock: fence %q token %d: %w", le.key, le.token, err)
+	}
+	return nil
+}
+
+// RunInTx runs fn in a transaction on db fenced by the lease: it begins the
+// transaction with opts, runs Fence as its first statement, runs fn, and
+// commits only if the fence held and the lease was not lost meanwhile;
+// otherwise it rolls back (SPEC F1, F2). db must be the database the lease
+// lives in.
+//
+// Errors: a *LeaseLostError (ErrLeaseLost) when the fence failed or the
+// lease was lost before commit (nothing is committed); fn's error (rolled
+// back); or the database's error.
+func (le *Lease) RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if db == nil {
+		return inputErr("database", "nil", "RunInTx needs the *sql.DB the lease lives in")
+	}
+	if fn == nil {
+		return inputErr("function", "nil", "RunInTx needs a function to run")
+	}
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("lock: fenced transaction %q: begin: %w", le.key, err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := le.Fence(ctx, tx); err != nil {
+		return err
+	}
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	if err := le.Err(); err != nil && !errors.Is(err, ErrReleased) {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("lock: fenced transaction %q: commit: %w", le.key, err)
+	}
+	committed = true
+	return nil
+}

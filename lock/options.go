@@ -1,0 +1,238 @@
+package lock
+
+import (
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sqlease/sqlease/dialect"
+)
+
+// Limits on inputs (SPEC I1).
+const (
+	// MinTTL is the shortest lease TTL accepted: long enough for three
+	// renewal round trips to a nearby database.
+	MinTTL = 100 * time.Millisecond
+	// MaxTTL is the longest lease TTL accepted.
+	MaxTTL = 24 * time.Hour
+	// DefaultTTL is the lease TTL when WithTTL is not given.
+	DefaultTTL = 30 * time.Second
+	// MaxKeyLength is the longest key accepted, in bytes.
+	MaxKeyLength = 512
+	// MaxOwnerLength is the longest owner label accepted, in bytes.
+	MaxOwnerLength = 256
+	// DefaultReleaseTimeout bounds a release (SPEC H5).
+	DefaultReleaseTimeout = 5 * time.Second
+	// DefaultMaxBackoff caps the wait between polls of a blocked acquire
+	// (SPEC W2); the cap is also never above the TTL.
+	DefaultMaxBackoff = 500 * time.Millisecond
+	// MinBackoff is the first backoff step of a waiting acquire.
+	MinBackoff = 2 * time.Millisecond
+)
+
+// Option configures a Locker. Options are validated by New, which names the
+// bad value in an error matching ErrInvalidInput.
+type Option func(*config)
+
+type config struct {
+	ttl            time.Duration
+	owner          string
+	ns             dialect.Namespace
+	logger         *slog.Logger
+	renewDB        *sql.DB
+	renewTimeout   time.Duration
+	releaseTimeout time.Duration
+	stmtTimeout    time.Duration
+	maxBackoff     time.Duration
+	markerTTL      time.Duration
+	margin         time.Duration
+	skipCheck      bool
+	errs           []error
+}
+
+// WithTTL sets the lease TTL (default DefaultTTL, allowed MinTTL..MaxTTL).
+// Leases renew every TTL/3 (SPEC H2).
+func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
+
+// WithOwner sets the owner label stored with each lease, for humans (default
+// "host:pid"; 1..MaxOwnerLength bytes of valid UTF-8 without NUL).
+func WithOwner(owner string) Option { return func(c *config) { c.owner = owner } }
+
+// WithSchema puts the lock tables in a schema (PostgreSQL only; validated
+// [a-z_][a-z0-9_]*, quoted in SQL; SPEC D3). It must match the schema given
+// to migrate.Up.
+func WithSchema(schema string) Option { return func(c *config) { c.ns.Schema = schema } }
+
+// WithTablePrefix sets the prefix of every lock object name (default
+// "sqlease_"; validated like WithSchema). It must match the prefix given to
+// migrate.Up.
+func WithTablePrefix(prefix string) Option { return func(c *config) { c.ns.Prefix = prefix } }
+
+// WithLogger sets the logger for renewal retries (DEBUG), losses and failed
+// releases (WARN). Default: slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithRenewDB renews leases through a separate pool, so an application that
+// exhausts its own pool cannot starve renewals (SPEC H7). It must reach the
+// same database.
+func WithRenewDB(db *sql.DB) Option { return func(c *config) { c.renewDB = db } }
+
+// WithRenewTimeout bounds each renewal statement (default TTL/5; at most
+// TTL/3).
+func WithRenewTimeout(d time.Duration) Option { return func(c *config) { c.renewTimeout = d } }
+
+// WithReleaseTimeout bounds a release, which runs on a context detached from
+// the caller's (default DefaultReleaseTimeout; SPEC H5).
+func WithReleaseTimeout(d time.Duration) Option { return func(c *config) { c.releaseTimeout = d } }
+
+// WithStatementTimeout bounds one acquire statement; the statement runs to
+// its end even when the caller's context ends, so a grant that commits
+// anyway is seen and released (SPEC H6). Default: max(TTL, 5s).
+func WithStatementTimeout(d time.Duration) Option { return func(c *config) { c.stmtTimeout = d } }
+
+// WithMaxBackoff caps the wait between polls of a blocked acquire (default
+// DefaultMaxBackoff; the effective cap is min(d, TTL); SPEC W2).
+func WithMaxBackoff(d time.Duration) Option { return func(c *config) { c.maxBackoff = d } }
+
+// WithPendingWriterTTL sets how long a waiting writer's marker blocks new
+// shared grants after its last refresh (default 4 x the backoff cap, at
+// most the TTL; SPEC W1). A waiter that dies stops blocking readers after
+// this long.
+func WithPendingWriterTTL(d time.Duration) Option { return func(c *config) { c.markerTTL = d } }
+
+// WithSafetyMargin sets how much of the TTL the holder does not trust, to
+// absorb clock-rate differences and the reply's travel time (default TTL/10;
+// less than TTL/2; SPEC H1).
+func WithSafetyMargin(d time.Duration) Option { return func(c *config) { c.margin = d } }
+
+// WithoutSchemaCheck skips New's schema version check (one query). For
+// callers that just ran migrate.Up themselves.
+func WithoutSchemaCheck() Option { return func(c *config) { c.skipCheck = true } }
+
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return host + ":" + strconv.Itoa(os.Getpid())
+}
+
+func inputErr(field, value, allowed string) error {
+	return &InputError{Field: field, Value: value, Allowed: allowed}
+}
+
+func (c *config) finish(d dialect.Dialect) error {
+	if c.ttl == 0 {
+		c.ttl = DefaultTTL
+	}
+	if err := CheckTTL(c.ttl); err != nil {
+		return err
+	}
+	if c.owner == "" {
+		c.owner = defaultOwner()
+	} else if len(c.owner) > MaxOwnerLength || !utf8.ValidString(c.owner) || containsNUL(c.owner) {
+		return inputErr("owner", strconv.Quote(clip(c.owner)), fmt.Sprintf("1..%d bytes of valid UTF-8 without NUL", MaxOwnerLength))
+	}
+	if err := c.ns.Validate(d); err != nil {
+		return &wrapped{ErrInvalidInput, fmt.Errorf("lock: %w", err)}
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	positive := func(name string, v *time.Duration, def, maxV time.Duration) error {
+		if *v == 0 {
+			*v = def
+		}
+		if *v < 0 || (maxV > 0 && *v > maxV) {
+			allowed := "a positive duration"
+			if maxV > 0 {
+				allowed = fmt.Sprintf("a positive duration of at most %s", maxV)
+			}
+			return inputErr(name, v.String(), allowed)
+		}
+		return nil
+	}
+	if err := positive("renew timeout", &c.renewTimeout, c.ttl/5, c.ttl/3); err != nil {
+		return err
+	}
+	if err := positive("release timeout", &c.releaseTimeout, DefaultReleaseTimeout, 0); err != nil {
+		return err
+	}
+	if err := positive("statement timeout", &c.stmtTimeout, max(c.ttl, 5*time.Second), 0); err != nil {
+		return err
+	}
+	if err := positive("max backoff", &c.maxBackoff, DefaultMaxBackoff, 0); err != nil {
+		return err
+	}
+	if c.maxBackoff < MinBackoff {
+		return inputErr("max backoff", c.maxBackoff.String(), "at least "+MinBackoff.String())
+	}
+	c.maxBackoff = min(c.maxBackoff, c.ttl)
+	if err := positive("pending-writer TTL", &c.markerTTL, min(4*c.maxBackoff, c.ttl), c.ttl); err != nil {
+		return err
+	}
+	if c.markerTTL < 3*MinBackoff*4 {
+		return inputErr("pending-writer TTL", c.markerTTL.String(), "at least "+(12*MinBackoff).String())
+	}
+	if err := positive("safety margin", &c.margin, c.ttl/10, c.ttl/2-1); err != nil {
+		return err
+	}
+	return nil
+}
+
+// wrapped gives an error an extra sentinel for errors.Is.
+type wrapped struct {
+	sentinel error
+	err      error
+}
+
+func (w *wrapped) Error() string        { return w.err.Error() }
+func (w *wrapped) Unwrap() []error      { return []error{w.sentinel, w.err} }
+func (w *wrapped) Is(target error) bool { return target == w.sentinel }
+
+// CheckTTL reports whether ttl is allowed (MinTTL..MaxTTL). The error
+// matches ErrInvalidInput and names the value (SPEC I1).
+func CheckTTL(ttl time.Duration) error {
+	if ttl < MinTTL || ttl > MaxTTL {
+		return inputErr("TTL", ttl.String(), fmt.Sprintf("between %s and %s", MinTTL, MaxTTL))
+	}
+	return nil
+}
+
+// CheckKey reports whether key is allowed: 1..MaxKeyLength bytes of valid
+// UTF-8 without NUL. Keys are compared byte for byte (no case folding, no
+// Unicode normalization). The error matches ErrInvalidInput (SPEC I1).
+func CheckKey(key string) error {
+	const allowed = "keys are 1..512 bytes of valid UTF-8 without NUL"
+	switch {
+	case key == "":
+		return inputErr("key", `""`, "empty; "+allowed)
+	case len(key) > MaxKeyLength:
+		return inputErr("key", strconv.Quote(clip(key)), fmt.Sprintf("is %d bytes; %s", len(key), allowed))
+	case !utf8.ValidString(key):
+		return inputErr("key", strconv.Quote(clip(key)), "is not valid UTF-8; "+allowed)
+	case containsNUL(key):
+		return inputErr("key", strconv.Quote(clip(key)), "contains NUL; "+allowed)
+	}
+	return nil
+}
+
+func containsNUL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
+}
