@@ -46,11 +46,24 @@ func ChildMain() int {
 	}
 	defer db.Close()
 	ctx := context.Background()
-	if err := RunStressWorkers(ctx, db, d, spec, nil); err != nil {
+	role := childRoles[spec.Role]
+	if role == nil {
+		fmt.Fprintf(os.Stderr, "conformance child: unknown role %q\n", spec.Role)
+		return 2
+	}
+	if err := role(ctx, db, d, spec); err != nil {
 		fmt.Fprintln(os.Stderr, "conformance child:", err)
 		return 1
 	}
 	return 0
+}
+
+// childRoles maps StressSpec.Role to the work a child process does.
+// Register roles in an init function of this package.
+var childRoles = map[string]func(ctx context.Context, db *sql.DB, d dialect.Dialect, spec StressSpec) error{
+	"": func(ctx context.Context, db *sql.DB, d dialect.Dialect, spec StressSpec) error {
+		return RunStressWorkers(ctx, db, d, spec, nil)
+	},
 }
 
 // StressSpec describes contention work: Workers goroutines that for
@@ -58,6 +71,10 @@ func ChildMain() int {
 // briefly and log each grant to LogTable. CrashPercent of grants are
 // orphaned (the holder "crashes") instead of released.
 type StressSpec struct {
+	// Role picks the child's work ("" = RunStressWorkers).
+	Role string
+	// Extra carries role-specific settings.
+	Extra                map[string]string
 	Dialect, Driver, DSN string
 	Namespace            dialect.Namespace
 	LogTable             string
@@ -166,11 +183,11 @@ func RunStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 
 // Grant is one logged lease.
 type Grant struct {
-	Key                  string
-	Token                int64
-	Mode                 string
-	Acquired, Released   int64 // database microseconds
-	Worker               string
+	Key                string
+	Token              int64
+	Mode               string
+	Acquired, Released int64 // database microseconds
+	Worker             string
 }
 
 // ReadLog reads the grant log.
