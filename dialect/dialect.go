@@ -35,6 +35,7 @@
 package dialect
 
 import (
+	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
@@ -105,14 +106,28 @@ const (
 	// CapSessionLockedMigrations: migrations take goose's PostgreSQL
 	// session advisory lock, so concurrent migrate.Up calls queue.
 	CapSessionLockedMigrations
+	// CapNotify: Release notifies waiters on @channel, and the dialect
+	// implements Listener, so waiters are woken at once instead of at their
+	// next poll.
+	CapNotify
 )
+
+// Listener is implemented by dialects with CapNotify: Listen turns conn
+// (a connection the engine dedicates to it) into a listener on channel,
+// calls ready once it listens, then calls deliver with the payload (a key)
+// of every notification until ctx ends or the connection fails. It returns
+// an error matching errors.ErrUnsupported when the connection's driver
+// cannot receive notifications (the engine then polls).
+type Listener interface {
+	Listen(ctx context.Context, conn *sql.Conn, channel string, deliver func(payload string), ready func()) error
+}
 
 // Has reports whether every flag in c is set.
 func (cs Capabilities) Has(c Capability) bool { return cs&c == c }
 
 // String lists the set flags, for messages.
 func (cs Capabilities) String() string {
-	names := []string{"schemas", "row-lock-fence", "write-lock-fence", "concurrent-writers", "session-locked-migrations"}
+	names := []string{"schemas", "row-lock-fence", "write-lock-fence", "concurrent-writers", "session-locked-migrations", "notify"}
 	var out []string
 	for i, n := range names {
 		if cs&(1<<i) != 0 {
@@ -158,7 +173,9 @@ func (c ErrorClass) String() string {
 // fencing token), @ttl_us (int64 lease TTL in microseconds), @marker_us
 // (int64 pending-writer marker TTL in microseconds, 0 = do not write a
 // marker), @limit (int64 row limit), @key_prefix (text, a LIKE-free prefix
-// filter; empty matches all).
+// filter; empty matches all), @leases (text: a JSON array of
+// "leaseID:token" strings), @channel (text: the notification channel of
+// the namespace, see CapNotify).
 //
 // Times returned by statements are int64 microseconds since the Unix epoch in
 // the database's clock (SPEC S2), as columns named *_us.
@@ -190,12 +207,20 @@ type Statements struct {
 	// @ttl_us, changing no key column, and returns (expires_us, now_us).
 	// No row means the lease is gone or not ours (SPEC S4, H2).
 	Renew string
+	// RenewBatch renews many leases in one statement: every live lease
+	// listed in @leases whose lease ID and token match, to now + @ttl_us.
+	// It returns one row (lease_id, expires_us, now_us) per lease renewed;
+	// a listed lease without a row is gone or not ours. Optional: without
+	// it the engine sends Renew once per lease (SPEC H2, S4).
+	RenewBatch string
 	// Release deletes the lease (@lease_id, @token), expired or not, and
 	// the key's idle per-key rows where nothing waits for their locks. It
-	// runs with ExecContext; RowsAffected is the number of holder rows
+	// returns one row (whose first column is the key) per holder row
 	// deleted. @token = 0 matches any token of @lease_id: the engine uses it
 	// only to undo an acquire whose reply it never saw (lease IDs are random
-	// and never reused). Parameters: @lease_id @token (SPEC S4, H5, H6, D2).
+	// and never reused). A dialect with CapNotify also notifies @channel
+	// with the key in the same statement. Parameters: @lease_id @token
+	// @channel (SPEC S4, H5, H6, D2).
 	Release string
 	// ClearMarker removes the pending-writer marker of waiter @lease_id on
 	// @key, when a waiter gives up (SPEC W1).
@@ -288,6 +313,14 @@ func (ns Namespace) Object(d Dialect, name string) string {
 		return d.QuoteIdent(ns.Schema) + "." + q
 	}
 	return q
+}
+
+// Channel is the notification channel of this namespace (CapNotify).
+func (ns Namespace) Channel() string {
+	if ns.Schema != "" {
+		return ns.Schema + "." + ns.prefix() + "release"
+	}
+	return ns.prefix() + "release"
 }
 
 // VersionTable is the unquoted name of the goose version table

@@ -35,10 +35,7 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	stopOnce  sync.Once
-	stop      chan struct{}
-	renewDone chan struct{}
-	watchdog  *time.Timer
+	watchdog *time.Timer
 
 	mu           sync.Mutex
 	state        leaseState
@@ -46,12 +43,17 @@ type Lease struct {
 	expiry       time.Time
 	lastSend     time.Time // local monotonic send time of the last successful acquire/renew
 	trustedUntil time.Time
+
+	// Owned by the Locker's renewer (under Locker.rmu).
+	renewing  bool          // false once released, lost or orphaned
+	nextAt    time.Time     // when the renewer next renews it
+	retryWait time.Duration // backoff of the current run of failed renewals
+	heapIndex int
 }
 
 func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Time) *Lease {
 	le := &Lease{
 		l: l, key: key, mode: mode, id: res.lease.LeaseID, owner: res.lease.Owner, token: res.lease.Token,
-		stop: make(chan struct{}), renewDone: make(chan struct{}),
 		expiry: res.lease.Expiry, lastSend: send, trustedUntil: send.Add(l.cfg.ttl - l.cfg.margin),
 	}
 	le.ctx, le.cancel = context.WithCancelCause(context.Background())
@@ -62,7 +64,7 @@ func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Ti
 	l.mu.Lock()
 	l.leases[le] = struct{}{}
 	l.mu.Unlock()
-	go le.renewLoop()
+	l.schedule(le, send.Add(l.cfg.ttl/3))
 	return le
 }
 
@@ -142,6 +144,7 @@ func (le *Lease) lose(reason LossReason, err error) error {
 	le.stopRenewal()
 	le.watchdog.Stop()
 	le.l.forget(le.key, le.id)
+	le.l.emit(Event{Kind: EventLeaseLost, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Reason: reason, Err: err})
 	le.l.cfg.logger.Warn("sqlease: lease lost", "key", le.key, "lease_id", le.id, "token", le.token, "reason", string(reason), "err", err)
 	return lost
 }
@@ -158,7 +161,7 @@ func (le *Lease) checkWindow() {
 	le.lose(LossWindowExhausted, nil)
 }
 
-func (le *Lease) stopRenewal() { le.stopOnce.Do(func() { close(le.stop) }) }
+func (le *Lease) stopRenewal() { le.l.unschedule(le) }
 
 // finish is called when Do's function returns: it reports a loss that
 // happened before, and makes later losses no-ops (SPEC H4).
@@ -199,64 +202,27 @@ func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return err
 	}
+	le.renewed(send, exp)
+	return nil
+}
+
+// renewed records a successful renewal sent at send: it moves the trusted
+// window (SPEC H1) and the database expiry.
+func (le *Lease) renewed(send time.Time, expUS int64) {
+	l := le.l
 	le.mu.Lock()
 	if le.state == stateHeld || le.state == stateFinishing {
 		if send.After(le.lastSend) {
 			le.lastSend = send
 			le.trustedUntil = send.Add(l.cfg.ttl - l.cfg.margin)
-			le.expiry = time.UnixMicro(exp)
+			le.expiry = time.UnixMicro(expUS)
 		}
 		if le.state == stateHeld {
 			le.watchdog.Reset(time.Until(le.trustedUntil))
 		}
 	}
 	le.mu.Unlock()
-	return nil
-}
-
-func (le *Lease) renewLoop() {
-	defer close(le.renewDone)
-	l := le.l
-	interval := l.cfg.ttl / 3
-	t := time.NewTimer(interval)
-	defer t.Stop()
-	for {
-		le.mu.Lock()
-		next := le.lastSend.Add(interval)
-		le.mu.Unlock()
-		t.Reset(max(time.Until(next), 0))
-		select {
-		case <-le.stop:
-			return
-		case <-t.C:
-		}
-		wait := 5 * time.Millisecond
-		for {
-			err := le.renewOnce(context.Background(), l.renewDB)
-			if err == nil {
-				break
-			}
-			if errors.Is(err, errRenewNotFound) {
-				le.lose(LossNotOurs, nil)
-				return
-			}
-			le.mu.Lock()
-			left := time.Until(le.trustedUntil)
-			le.mu.Unlock()
-			if left <= 0 {
-				le.lose(LossWindowExhausted, err)
-				return
-			}
-			l.cfg.logger.Debug("sqlease: renewal failed, retrying", "key", le.key, "lease_id", le.id, "token", le.token, "err", err, "window_left", left)
-			t.Reset(min(wait, left))
-			select {
-			case <-le.stop:
-				return
-			case <-t.C:
-			}
-			wait = min(2*wait, max(l.cfg.ttl/10, 5*time.Millisecond))
-		}
-	}
+	l.emit(Event{Kind: EventRenewOK, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(send)})
 }
 
 // Renew extends the lease now, on ctx, outside the background schedule. It
@@ -315,12 +281,10 @@ func (le *Lease) Release(ctx context.Context) error {
 	l := le.l
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
-	res, err := l.db.ExecContext(rctx, l.st.release.SQL, l.st.release.Args(map[string]any{"lease_id": le.id, "token": le.token})...)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
+	start := time.Now()
+	n, err := l.releaseRows(rctx, le.id, le.token)
 	if err != nil {
+		l.emit(Event{Kind: EventReleaseFailed, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start), Err: err})
 		l.cfg.logger.Warn("sqlease: release failed; the lease ends by expiry", "key", le.key, "lease_id", le.id, "token", le.token, "err", err)
 		return fmt.Errorf("lock: release %q token %d: %w", le.key, le.token, err)
 	}
@@ -332,8 +296,12 @@ func (le *Lease) Release(ctx context.Context) error {
 	delete(l.leases, le)
 	l.mu.Unlock()
 	if n == 0 {
-		return fmt.Errorf("lock: release %q token %d: the lease had already ended (expired and taken over or swept): %w", le.key, le.token, ErrNotHeld)
+		err := fmt.Errorf("lock: release %q token %d: the lease had already ended (expired and taken over or swept): %w", le.key, le.token, ErrNotHeld)
+		l.emit(Event{Kind: EventReleaseFailed, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start), Err: err})
+		return err
 	}
+	hubWake(l.cfg.ns.Channel(), le.key)
+	l.emit(Event{Kind: EventReleaseOK, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start)})
 	return nil
 }
 

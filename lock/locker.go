@@ -87,11 +87,29 @@ type Locker struct {
 	active map[string]string // key -> lease ID of the lease or acquire that has it
 	leases map[*Lease]struct{}
 	closed bool
+
+	// renewer state (renewer.go)
+	rmu      sync.Mutex
+	rheap    leaseHeap
+	rrunning bool
+	rdone    chan struct{}
+	rwake    chan struct{}
+
+	sweepStop chan struct{}
+	sweepDone chan struct{}
+
+	// notification listener state (wake.go)
+	lmu       sync.Mutex
+	lwaiters  int
+	lcancel   context.CancelFunc
+	ldone     chan struct{}
+	lstop     *time.Timer
+	listening bool
 }
 
 type statements struct {
-	acquire, sweep                                              []dialect.Stmt
-	renew, release, clearMarker, fence, holders, countRows stmt
+	acquire, sweep                                                     []dialect.Stmt
+	renew, renewBatch, release, clearMarker, fence, holders, countRows stmt
 }
 
 type stmt struct {
@@ -99,7 +117,7 @@ type stmt struct {
 	ok bool
 }
 
-var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us", "marker_us", "limit", "key_prefix"}
+var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us", "marker_us", "limit", "key_prefix", "leases", "channel"}
 
 // New builds a Locker on db with dialect d (nil: detected from db's driver
 // among registered dialects). It renders and checks every statement
@@ -110,12 +128,11 @@ var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us",
 // value; SPEC I1, D3); an unknown dialect (dialect.ErrUnknownDialect); a bad
 // template; tables missing or old (ErrSchemaNotMigrated, saying to run
 // migrate.Up or `sqlease migrate`; SPEC D1); or the database's error.
-func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (*Locker, error) {
+func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ *Locker, err error) {
 	if db == nil {
 		return nil, inputErr("database", "nil", "New needs an open *sql.DB")
 	}
 	if d == nil {
-		var err error
 		if d, err = dialect.Detect(db); err != nil {
 			return nil, fmt.Errorf("lock: %w", err)
 		}
@@ -129,12 +146,19 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (*L
 	if err := cfg.finish(d); err != nil {
 		return nil, err
 	}
-	l := &Locker{db: db, renewDB: db, d: d, cfg: cfg, active: map[string]string{}, leases: map[*Lease]struct{}{}}
+	l := &Locker{db: db, renewDB: db, d: d, cfg: cfg, active: map[string]string{}, leases: map[*Lease]struct{}{}, rwake: make(chan struct{}, 1)}
 	if cfg.renewDB != nil {
 		l.renewDB = cfg.renewDB
 	}
 	if err := l.compile(); err != nil {
 		return nil, err
+	}
+	if cfg.sweepEvery > 0 {
+		defer func() {
+			if err == nil {
+				l.startSweeper()
+			}
+		}()
 	}
 	if !cfg.skipCheck {
 		current, want, err := migrate.Version(ctx, db, d, migrate.WithNamespace(cfg.ns))
@@ -191,6 +215,7 @@ func (l *Locker) compile() error {
 		required bool
 	}{
 		{"Renew", s.Renew, &l.st.renew, true},
+		{"RenewBatch", s.RenewBatch, &l.st.renewBatch, false},
 		{"Release", s.Release, &l.st.release, true},
 		{"ClearMarker", s.ClearMarker, &l.st.clearMarker, true},
 		{"Fence", s.Fence, &l.st.fence, false},
@@ -339,9 +364,13 @@ func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, 
 	}
 	l.active[key] = leaseID
 	l.mu.Unlock()
+	start := time.Now()
 	lease, err := l.poll(ctx, key, mode, leaseID, wait, ac)
 	if err != nil {
 		l.forget(key, leaseID)
+		if !errors.Is(err, ErrLocked) { // denials were reported by poll
+			l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
+		}
 	}
 	return lease, err
 }
@@ -365,6 +394,12 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, leaseID string
 	}
 	var markerAt time.Time // when our marker was last written; zero: not ours
 	var last []Holder
+	var wake <-chan struct{}
+	if wait {
+		var done func()
+		wake, done = l.waitStart(key)
+		defer done()
+	}
 	retries := 0
 	for attempt := 0; ; attempt++ {
 		var markerUS int64
@@ -388,6 +423,7 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, leaseID string
 			retries++
 			l.cfg.logger.Debug("sqlease: acquire retry", "key", key, "mode", mode.String(), "err", err)
 		} else if res.granted {
+			l.emit(Event{Kind: EventAcquireGranted, Key: key, Mode: mode, LeaseID: leaseID, Token: res.lease.Token, Wait: time.Since(start)})
 			return l.newLease(key, mode, res, send), nil
 		} else {
 			last = res.holders
@@ -409,13 +445,22 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, leaseID string
 				markerAt = send
 			}
 			if !wait {
-				return nil, &LockedError{Key: key, Mode: mode, Holders: res.holders}
+				err := &LockedError{Key: key, Mode: mode, Holders: res.holders}
+				l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
+				return nil, err
 			}
 			if !deadline.IsZero() && !time.Now().Before(deadline) {
 				l.clearMarker(ctx, key, leaseID, !markerAt.IsZero())
-				return nil, &LockedError{Key: key, Mode: mode, Holders: last, Waited: time.Since(start)}
+				err := &LockedError{Key: key, Mode: mode, Holders: last, Waited: time.Since(start)}
+				l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
+				return nil, err
 			}
-			sleep := l.backoff(attempt)
+			limit := l.cfg.maxBackoff
+			if l.notifyActive() {
+				// Releases wake us; poll only as a fallback.
+				limit = max(limit, l.cfg.notifyPoll)
+			}
+			sleep := Backoff(attempt, limit)
 			if until >= 0 {
 				// Wake just after the earliest blocking lease expires.
 				sleep = min(sleep, max(until+time.Millisecond, MinBackoff))
@@ -423,14 +468,14 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, leaseID string
 			if !markerAt.IsZero() {
 				sleep = min(sleep, l.cfg.markerTTL/3)
 			}
-			if err := l.sleep(ctx, sleep, deadline); err != nil {
+			if err := l.sleep(ctx, sleep, deadline, wake); err != nil {
 				l.clearMarker(ctx, key, leaseID, !markerAt.IsZero())
 				return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
 			}
 			continue
 		}
 		// retryable error
-		if err := l.sleep(ctx, l.backoff(attempt), deadline); err != nil {
+		if err := l.sleep(ctx, l.backoff(attempt), deadline, nil); err != nil {
 			l.undo(ctx, key, leaseID)
 			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
 		}
@@ -464,8 +509,9 @@ func Backoff(attempt int, limit time.Duration) time.Duration {
 	return MinBackoff + rand.N(ceil-MinBackoff+1)
 }
 
-// sleep waits d, or until ctx ends (its cause), or until deadline.
-func (l *Locker) sleep(ctx context.Context, d time.Duration, deadline time.Time) error {
+// sleep waits d, or until deadline, or a wake-up; or until ctx ends (it
+// then returns ctx's error).
+func (l *Locker) sleep(ctx context.Context, d time.Duration, deadline time.Time, wake <-chan struct{}) error {
 	if !deadline.IsZero() {
 		d = min(d, max(time.Until(deadline), 0))
 	}
@@ -473,10 +519,11 @@ func (l *Locker) sleep(ctx context.Context, d time.Duration, deadline time.Time)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return context.Cause(ctx)
+		return ctx.Err()
 	case <-t.C:
-		return nil
+	case <-wake:
 	}
+	return nil
 }
 
 // acquireOnce runs the Acquire script once. The statement runs on a context
@@ -597,10 +644,30 @@ func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, v
 func (l *Locker) undo(ctx context.Context, key, leaseID string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
-	if _, err := l.db.ExecContext(rctx, l.st.release.SQL, l.st.release.Args(map[string]any{"lease_id": leaseID, "token": int64(0)})...); err != nil {
+	if _, err := l.releaseRows(rctx, leaseID, 0); err != nil {
 		l.cfg.logger.Warn("sqlease: undo of an abandoned acquire failed; the lease, if granted, ends by expiry", "key", key, "lease_id", leaseID, "err", err)
 	}
 	l.clearMarker(ctx, key, leaseID, true)
+}
+
+// releaseRows runs the Release statement and returns how many holder rows
+// it deleted.
+func (l *Locker) releaseRows(ctx context.Context, leaseID string, token int64) (int64, error) {
+	rows, err := l.db.QueryContext(ctx, l.st.release.SQL, l.st.release.Args(map[string]any{
+		"lease_id": leaseID, "token": token, "channel": l.cfg.ns.Channel(),
+	})...)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var n int64
+	for rows.Next() {
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	return n, rows.Close()
 }
 
 func (l *Locker) clearMarker(ctx context.Context, key, leaseID string, ours bool) {
@@ -672,6 +739,7 @@ func (l *Locker) Sweep(ctx context.Context, limit int) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("lock: sweep: %w", err)
 	}
+	l.emit(Event{Kind: EventSweep, Removed: n})
 	return n, nil
 }
 
@@ -689,12 +757,40 @@ func (l *Locker) RowCount(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
-// Close makes further acquires fail with ErrClosed and releases every lease
-// this Locker still holds (each bounded by the release timeout). It returns
-// the release errors, joined. It does not close the *sql.DB.
+func (l *Locker) startSweeper() {
+	l.sweepStop, l.sweepDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(l.sweepDone)
+		t := time.NewTicker(l.cfg.sweepEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-l.sweepStop:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), max(l.cfg.sweepEvery, 5*time.Second))
+			if _, err := l.Sweep(ctx, l.cfg.sweepLimit); err != nil {
+				l.cfg.logger.Warn("sqlease: background sweep failed", "err", err)
+			}
+			cancel()
+		}
+	}()
+}
+
+// Close makes further acquires fail with ErrClosed, stops the background
+// sweeper, and releases every lease this Locker still holds (each bounded
+// by the release timeout). It returns the release errors, joined; leases
+// that had already ended are not errors. It does not close the *sql.DB.
+// Calling Close again is harmless.
 func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Lock()
+	if !l.closed && l.sweepStop != nil {
+		close(l.sweepStop)
+		defer func() { <-l.sweepDone }()
+	}
 	l.closed = true
+	defer l.stopListener()
 	leases := make([]*Lease, 0, len(l.leases))
 	for le := range l.leases {
 		leases = append(leases, le)
@@ -714,4 +810,3 @@ func newID() string {
 	_, _ = crand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
-

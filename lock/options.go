@@ -51,7 +51,10 @@ type config struct {
 	markerTTL      time.Duration
 	margin         time.Duration
 	skipCheck      bool
-	errs           []error
+	observer       Observer
+	sweepEvery     time.Duration
+	sweepLimit     int
+	notifyPoll     time.Duration
 }
 
 // WithTTL sets the lease TTL (default DefaultTTL, allowed MinTTL..MaxTTL).
@@ -108,6 +111,11 @@ func WithPendingWriterTTL(d time.Duration) Option { return func(c *config) { c.m
 // absorb clock-rate differences and the reply's travel time (default TTL/10;
 // less than TTL/2; SPEC H1).
 func WithSafetyMargin(d time.Duration) Option { return func(c *config) { c.margin = d } }
+
+// WithNotifyPollInterval caps the wait between polls of a blocked acquire
+// while push wake-ups are available (a notification listener is up, SPEC
+// W2); default 2s, at most the TTL.
+func WithNotifyPollInterval(d time.Duration) Option { return func(c *config) { c.notifyPoll = d } }
 
 // WithoutSchemaCheck skips New's schema version check (one query). For
 // callers that just ran migrate.Up themselves.
@@ -172,7 +180,10 @@ func (c *config) finish(d dialect.Dialect) error {
 		return inputErr("max backoff", c.maxBackoff.String(), "at least "+MinBackoff.String())
 	}
 	c.maxBackoff = min(c.maxBackoff, c.ttl)
-	if err := positive("pending-writer TTL", &c.markerTTL, min(4*c.maxBackoff, c.ttl), c.ttl); err != nil {
+	if err := positive("notify poll interval", &c.notifyPoll, min(2*time.Second, c.ttl), c.ttl); err != nil {
+		return err
+	}
+	if err := positive("pending-writer TTL", &c.markerTTL, min(max(4*c.maxBackoff, 3*time.Second), c.ttl), c.ttl); err != nil {
 		return err
 	}
 	if c.markerTTL < 3*MinBackoff*4 {
@@ -180,6 +191,14 @@ func (c *config) finish(d dialect.Dialect) error {
 	}
 	if err := positive("safety margin", &c.margin, c.ttl/10, c.ttl/2-1); err != nil {
 		return err
+	}
+	if c.sweepEvery != 0 || c.sweepLimit != 0 {
+		if c.sweepEvery < 100*time.Millisecond {
+			return inputErr("sweep interval", c.sweepEvery.String(), "at least 100ms")
+		}
+		if c.sweepLimit < 1 {
+			return inputErr("sweep limit", fmt.Sprint(c.sweepLimit), "at least 1")
+		}
 	}
 	return nil
 }

@@ -9,20 +9,25 @@
 // and does not (SPEC F1, H7).
 //
 // Importing the package registers the dialect as "postgres"; it is detected
-// for the pgx (github.com/jackc/pgx/v5/stdlib, v4) and lib/pq drivers. It
-// imports no driver: errors are classified by their SQLSTATE through the
-// SQLState() method both drivers' error types have.
+// for the pgx (github.com/jackc/pgx/v5/stdlib, v4) and lib/pq drivers.
+// Errors are classified by their SQLSTATE through the
+// SQLState() method both drivers' error types have. Push wake-ups (LISTEN)
+// use the native pgx connection when the driver is pgx.
 package pgdialect
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"embed"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/sqlease/sqlease/dialect"
 )
@@ -39,6 +44,7 @@ type Dialect struct{}
 var (
 	_ dialect.Dialect       = Dialect{}
 	_ dialect.DriverMatcher = Dialect{}
+	_ dialect.Listener      = Dialect{}
 )
 
 func init() { dialect.Register(Dialect{}) }
@@ -52,7 +58,42 @@ func (Dialect) Name() string { return Name }
 // Capabilities: schemas, row-lock fences, concurrent writers, and migrations
 // serialized by a session advisory lock.
 func (Dialect) Capabilities() dialect.Capabilities {
-	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapSessionLockedMigrations
+	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapSessionLockedMigrations | dialect.CapNotify
+}
+
+// Listen makes conn LISTEN on channel and delivers notification payloads
+// (keys released) until ctx ends. It needs the pgx driver (v5 stdlib): it
+// reaches the native *pgx.Conn through sql.Conn.Raw, unwrapping wrapping
+// drivers that have an Unwrap() driver.Conn method. Other drivers get
+// errors.ErrUnsupported, and waiters poll.
+func (d Dialect) Listen(ctx context.Context, conn *sql.Conn, channel string, deliver func(string), ready func()) error {
+	return conn.Raw(func(dc any) error {
+		for {
+			u, ok := dc.(interface{ Unwrap() driver.Conn })
+			if !ok {
+				break
+			}
+			dc = u.Unwrap()
+		}
+		nc, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok {
+			return fmt.Errorf("pgdialect: driver connection %T cannot receive notifications: %w", dc, errors.ErrUnsupported)
+		}
+		c := nc.Conn()
+		if _, err := c.Exec(ctx, "LISTEN "+d.QuoteIdent(channel)); err != nil {
+			return err
+		}
+		ready()
+		for {
+			n, err := c.WaitForNotification(ctx)
+			if err != nil {
+				// The connection may be mid-read: never reuse it.
+				_ = c.Close(context.Background())
+				return errors.Join(err, driver.ErrBadConn)
+			}
+			deliver(n.Payload)
+		}
+	})
 }
 
 // QuoteIdent double-quotes name, doubling embedded quotes.
@@ -122,7 +163,16 @@ WHERE lease_id = @lease_id AND token = @token AND expires_at > clock_timestamp()
 RETURNING {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us`,
 		// The idle key row is removed only when no one holds its lock
 		// (SKIP LOCKED): release never waits behind an acquire.
-		Release: `WITH idle AS (
+		RenewBatch: `UPDATE {holders} h
+SET expires_at = clock_timestamp() + @ttl_us::bigint * interval '1 microsecond'
+FROM (SELECT split_part(v, ':', 1) AS id, split_part(v, ':', 2)::bigint AS token
+      FROM jsonb_array_elements_text(@leases::jsonb) AS l(v)) u
+WHERE h.lease_id = u.id AND h.token = u.token AND h.expires_at > clock_timestamp()
+RETURNING h.lease_id, {to_us}(h.expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us`,
+		Release: `WITH gone AS (
+    DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token::bigint = 0)
+    RETURNING lock_key
+), idle AS (
     DELETE FROM {keys} k WHERE k.lock_key IN (
         SELECT k2.lock_key FROM {keys} k2
         JOIN {holders} mine ON mine.lock_key = k2.lock_key AND mine.lease_id = @lease_id
@@ -130,7 +180,7 @@ RETURNING {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_u
           AND NOT EXISTS (SELECT 1 FROM {holders} o WHERE o.lock_key = k2.lock_key AND o.lease_id <> @lease_id)
         FOR UPDATE OF k2 SKIP LOCKED)
 )
-DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token::bigint = 0)`,
+SELECT lock_key, pg_notify(@channel, lock_key) FROM gone`,
 		ClearMarker: `UPDATE {keys} SET waiter_id = NULL, waiter_owner = NULL, waiter_until = NULL
 WHERE lock_key = @key AND waiter_id = @lease_id`,
 		Fence: `SELECT {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us

@@ -166,7 +166,12 @@ WHERE m.lock_key = @key AND NOT EXISTS (SELECT 1 FROM {holders} g WHERE g.lease_
 		Renew: `UPDATE {holders} SET expires_us = ` + now + ` + @ttl_us
 WHERE lease_id = @lease_id AND token = @token AND expires_us > ` + now + `
 RETURNING expires_us, ` + now + ` AS now_us`,
-		Release:     `DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token = 0)`,
+		RenewBatch: `UPDATE {holders} SET expires_us = ` + now + ` + @ttl_us
+WHERE lease_id IN (SELECT substr(value, 1, instr(value, ':') - 1) FROM json_each(@leases))
+  AND (lease_id || ':' || token) IN (SELECT value FROM json_each(@leases))
+  AND expires_us > ` + now + `
+RETURNING lease_id, expires_us, ` + now + ` AS now_us`,
+		Release:     `DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token = 0) RETURNING lock_key`,
 		ClearMarker: `DELETE FROM {markers} WHERE lock_key = @key AND waiter_id = @lease_id`,
 		// A write as the first statement takes the write lock for the rest
 		// of the caller's transaction.
