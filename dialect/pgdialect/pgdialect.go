@@ -169,20 +169,13 @@ FROM (SELECT split_part(v, ':', 1) AS id, split_part(v, ':', 2)::bigint AS token
       FROM jsonb_array_elements_text(@leases::jsonb) AS l(v)) u
 WHERE h.lease_id = u.id AND h.token = u.token AND h.expires_at > clock_timestamp()
 RETURNING h.lease_id, {to_us}(h.expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us`,
+		// Waiters of the key are notified at commit (CapNotify).
 		Release: `WITH gone AS (
     DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token::bigint = 0)
     RETURNING lock_key
-), idle AS (
-    DELETE FROM {keys} k WHERE k.lock_key IN (
-        SELECT k2.lock_key FROM {keys} k2
-        JOIN {holders} mine ON mine.lock_key = k2.lock_key AND mine.lease_id = @lease_id
-        WHERE (k2.waiter_until IS NULL OR k2.waiter_until <= clock_timestamp())
-          AND NOT EXISTS (SELECT 1 FROM {holders} o WHERE o.lock_key = k2.lock_key AND o.lease_id <> @lease_id)
-        FOR UPDATE OF k2 SKIP LOCKED)
 )
 SELECT lock_key, pg_notify(@channel, lock_key) FROM gone`,
-		ClearMarker: `UPDATE {keys} SET waiter_id = NULL, waiter_owner = NULL, waiter_until = NULL
-WHERE lock_key = @key AND waiter_id = @lease_id`,
+		ClearMarker: `DELETE FROM {markers} WHERE lock_key = @key AND waiter_id = @lease_id`,
 		Fence: `SELECT {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us
 FROM {holders}
 WHERE lease_id = @lease_id AND token = @token AND expires_at > clock_timestamp()
@@ -190,25 +183,23 @@ FOR KEY SHARE`,
 		Holders: `SELECT lock_key, mode, lease_id, owner, token, {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us
 FROM {holders} WHERE starts_with(lock_key, @key_prefix)
 UNION ALL
-SELECT lock_key, 'w', waiter_id, waiter_owner, 0, {to_us}(waiter_until), {to_us}(clock_timestamp())
-FROM {keys} WHERE waiter_id IS NOT NULL AND starts_with(lock_key, @key_prefix)
+SELECT lock_key, 'w', waiter_id, owner, 0, {to_us}(expires_at), {to_us}(clock_timestamp())
+FROM {markers} WHERE starts_with(lock_key, @key_prefix)
 ORDER BY 1, 5`,
+		// SKIP LOCKED passes over rows a fenced transaction holds.
 		Sweep: []string{`WITH doomed AS (
     SELECT lease_id FROM {holders}
     WHERE expires_at <= clock_timestamp()
-    ORDER BY expires_at
     LIMIT @limit
     FOR UPDATE SKIP LOCKED
-), idle AS (
-    DELETE FROM {keys} k WHERE k.lock_key IN (
-        SELECT k2.lock_key FROM {keys} k2
-        WHERE (k2.waiter_until IS NULL OR k2.waiter_until <= clock_timestamp())
-          AND NOT EXISTS (SELECT 1 FROM {holders} h WHERE h.lock_key = k2.lock_key AND h.expires_at > clock_timestamp())
-        LIMIT @limit
-        FOR UPDATE OF k2 SKIP LOCKED)
+), stale_markers AS (
+    DELETE FROM {markers} WHERE lock_key IN (
+        SELECT lock_key FROM {markers} WHERE expires_at <= clock_timestamp()
+        LIMIT @limit FOR UPDATE SKIP LOCKED)
+      AND expires_at <= clock_timestamp()
 )
 DELETE FROM {holders} h USING doomed d
 WHERE h.lease_id = d.lease_id AND h.expires_at <= clock_timestamp()`},
-		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {keys})`,
+		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {markers})`,
 	}
 }

@@ -5,16 +5,18 @@
 -- Fencing tokens: one sequence, so no row is shared by all keys (SPEC S3, S5).
 CREATE SEQUENCE {token_seq} AS bigint;
 
--- One row per key while it is in use: the per-key serialization point of
--- acquire (its row lock) and the pending-writer marker (SPEC W1).
-CREATE TABLE {keys} (
-    lock_key     text PRIMARY KEY,
-    waiter_id    text,
-    waiter_owner text,
-    waiter_until timestamptz
+-- Pending-writer markers, one per key at most, only while a writer waits
+-- (SPEC W1).
+CREATE TABLE {markers} (
+    lock_key   text PRIMARY KEY,
+    waiter_id  text NOT NULL,
+    owner      text NOT NULL,
+    expires_at timestamptz NOT NULL
 );
 
--- One row per granted lease.
+-- One row per granted lease. No index on expires_at: renewals stay HOT
+-- updates, and sweeps scan a table that holds only live and recently
+-- expired leases.
 CREATE TABLE {holders} (
     lease_id    text PRIMARY KEY,
     lock_key    text NOT NULL,
@@ -25,7 +27,6 @@ CREATE TABLE {holders} (
     expires_at  timestamptz NOT NULL
 );
 CREATE INDEX ON {holders} (lock_key);
-CREATE INDEX ON {holders} (expires_at);
 
 -- +goose StatementBegin
 CREATE FUNCTION {to_us}(ts timestamptz) RETURNS bigint
@@ -35,7 +36,7 @@ AS $fn$ SELECT (extract(epoch FROM ts) * 1000000)::bigint $fn$;
 
 -- Acquire in one round trip (SPEC S1, S2, S3, W1). Each statement of a
 -- VOLATILE plpgsql function takes a new snapshot under READ COMMITTED, so
--- every statement after the key-row lock sees all holders committed by
+-- every statement after the per-key lock sees all holders committed by
 -- earlier grants of this key.
 -- +goose StatementBegin
 CREATE FUNCTION {acquire}(p_key text, p_mode text, p_lease_id text, p_owner text, p_ttl_us bigint, p_marker_us bigint)
@@ -56,68 +57,67 @@ BEGIN
         EXISTS (SELECT 1 FROM {holders} h
                 WHERE h.lock_key = p_key AND h.expires_at > clock_timestamp()
                   AND (h.mode = 'x' OR p_mode = 'x'))
-        OR EXISTS (SELECT 1 FROM {keys} k
-                   WHERE k.lock_key = p_key AND k.waiter_until > clock_timestamp()
-                     AND k.waiter_id <> p_lease_id)) THEN
+        OR EXISTS (SELECT 1 FROM {markers} m
+                   WHERE m.lock_key = p_key AND m.expires_at > clock_timestamp()
+                     AND m.waiter_id <> p_lease_id)) THEN
         RETURN QUERY
             SELECT false, h.lease_id, h.mode, h.owner, h.token, {to_us}(h.expires_at), {to_us}(clock_timestamp())
             FROM {holders} h
             WHERE h.lock_key = p_key AND h.expires_at > clock_timestamp() AND (h.mode = 'x' OR p_mode = 'x')
             UNION ALL
-            SELECT false, k.waiter_id, 'w', k.waiter_owner, 0::bigint, {to_us}(k.waiter_until), {to_us}(clock_timestamp())
-            FROM {keys} k
-            WHERE k.lock_key = p_key AND k.waiter_until > clock_timestamp();
+            SELECT false, m.waiter_id, 'w', m.owner, 0::bigint, {to_us}(m.expires_at), {to_us}(clock_timestamp())
+            FROM {markers} m
+            WHERE m.lock_key = p_key AND m.expires_at > clock_timestamp();
         -- What blocked may have ended between the two statements: then go
-        -- on and decide under the key-row lock.
+        -- on and decide under the per-key lock.
         IF FOUND THEN
             RETURN;
         END IF;
     END IF;
 
-    -- Serialize on the key row (created on first use). Only this key's row
-    -- is locked: other keys never wait (SPEC S5).
-    INSERT INTO {keys} AS k (lock_key) VALUES (p_key)
-    ON CONFLICT (lock_key) DO UPDATE SET waiter_id = k.waiter_id;
+    -- Serialize the grants of this key: a transaction-scoped advisory lock
+    -- on a 64-bit hash of the key, seeded with this namespace's holders
+    -- table, so only acquires of the same key wait for each other (SPEC
+    -- S5); it writes nothing.
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_key, '{holders}'::regclass::oid::bigint));
 
     -- Takeover of expired holders. DELETE locks each row it removes, so it
     -- waits for fenced transactions holding the row FOR KEY SHARE (SPEC F1)
     -- and re-checks the expiry on the newest version of a row that a
     -- concurrent renewal updated.
     DELETE FROM {holders} h WHERE h.lock_key = p_key AND h.expires_at <= clock_timestamp();
-    UPDATE {keys} k SET waiter_id = NULL, waiter_owner = NULL, waiter_until = NULL
-    WHERE k.lock_key = p_key AND k.waiter_until <= clock_timestamp();
+    DELETE FROM {markers} m WHERE m.lock_key = p_key AND m.expires_at <= clock_timestamp();
 
     -- Every holder row still present blocks, even one that expired a moment
     -- ago: a renewal of it may be committing right now.
     SELECT EXISTS (SELECT 1 FROM {holders} h WHERE h.lock_key = p_key AND (h.mode = 'x' OR p_mode = 'x'))
-        OR EXISTS (SELECT 1 FROM {keys} k WHERE k.lock_key = p_key AND k.waiter_id IS NOT NULL AND k.waiter_id <> p_lease_id)
+        OR EXISTS (SELECT 1 FROM {markers} m WHERE m.lock_key = p_key AND m.waiter_id <> p_lease_id)
     INTO v_blocked;
 
     IF v_blocked THEN
         IF p_mode = 'x' AND p_marker_us > 0 THEN
-            UPDATE {keys} k
-            SET waiter_id = p_lease_id, waiter_owner = p_owner,
-                waiter_until = clock_timestamp() + p_marker_us * interval '1 microsecond'
-            WHERE k.lock_key = p_key AND (k.waiter_id IS NULL OR k.waiter_id = p_lease_id);
+            INSERT INTO {markers} AS m (lock_key, waiter_id, owner, expires_at)
+            VALUES (p_key, p_lease_id, p_owner, clock_timestamp() + p_marker_us * interval '1 microsecond')
+            ON CONFLICT (lock_key) DO UPDATE SET expires_at = EXCLUDED.expires_at
+            WHERE m.waiter_id = EXCLUDED.waiter_id;
         END IF;
         RETURN QUERY
             SELECT false, h.lease_id, h.mode, h.owner, h.token, {to_us}(h.expires_at), {to_us}(clock_timestamp())
             FROM {holders} h
             WHERE h.lock_key = p_key AND (h.mode = 'x' OR p_mode = 'x')
             UNION ALL
-            SELECT false, k.waiter_id, 'w', k.waiter_owner, 0::bigint, {to_us}(k.waiter_until), {to_us}(clock_timestamp())
-            FROM {keys} k
-            WHERE k.lock_key = p_key AND k.waiter_id IS NOT NULL;
+            SELECT false, m.waiter_id, 'w', m.owner, 0::bigint, {to_us}(m.expires_at), {to_us}(clock_timestamp())
+            FROM {markers} m
+            WHERE m.lock_key = p_key;
         RETURN;
     END IF;
 
     IF p_mode = 'x' THEN
-        UPDATE {keys} k SET waiter_id = NULL, waiter_owner = NULL, waiter_until = NULL
-        WHERE k.lock_key = p_key AND k.waiter_id = p_lease_id;
+        DELETE FROM {markers} m WHERE m.lock_key = p_key AND m.waiter_id = p_lease_id;
     END IF;
 
-    -- The token is drawn while the key row is locked, so it is greater than
-    -- every token granted for this key before (SPEC S3).
+    -- The token is drawn under the per-key lock, so it is greater than every
+    -- token granted for this key before (SPEC S3).
     RETURN QUERY
         INSERT INTO {holders} AS h (lease_id, lock_key, mode, owner, token, acquired_at, expires_at)
         VALUES (p_lease_id, p_key, p_mode, p_owner, nextval('{token_seq}'),
@@ -131,5 +131,5 @@ $fn$;
 DROP FUNCTION {acquire}(text, text, text, text, bigint, bigint);
 DROP FUNCTION {to_us}(timestamptz);
 DROP TABLE {holders};
-DROP TABLE {keys};
+DROP TABLE {markers};
 DROP SEQUENCE {token_seq};
