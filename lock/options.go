@@ -102,9 +102,10 @@ func WithStatementTimeout(d time.Duration) Option { return func(c *config) { c.s
 func WithMaxBackoff(d time.Duration) Option { return func(c *config) { c.maxBackoff = d } }
 
 // WithPendingWriterTTL sets how long a waiting writer's marker blocks new
-// shared grants after its last refresh (default 4 x the backoff cap, at
-// most the TTL; SPEC W1). A waiter that dies stops blocking readers after
-// this long.
+// grants after its last refresh (default max(4 x the backoff cap, 6s), at
+// most the TTL; SPEC W1). The writer refreshes it every third of this, so
+// the default costs one statement per 2 s per waiting writer. A waiter that
+// dies stops blocking readers after this long.
 func WithPendingWriterTTL(d time.Duration) Option { return func(c *config) { c.markerTTL = d } }
 
 // WithSafetyMargin sets how much of the TTL the holder does not trust, to
@@ -114,7 +115,7 @@ func WithSafetyMargin(d time.Duration) Option { return func(c *config) { c.margi
 
 // WithNotifyPollInterval caps the wait between polls of a blocked acquire
 // while push wake-ups are available (a notification listener is up, SPEC
-// W2); default 2s, at most the TTL.
+// W2); default 3s, at most the TTL.
 func WithNotifyPollInterval(d time.Duration) Option { return func(c *config) { c.notifyPoll = d } }
 
 // WithoutSchemaCheck skips New's schema version check (one query). For
@@ -180,10 +181,10 @@ func (c *config) finish(d dialect.Dialect) error {
 		return inputErr("max backoff", c.maxBackoff.String(), "at least "+MinBackoff.String())
 	}
 	c.maxBackoff = min(c.maxBackoff, c.ttl)
-	if err := positive("notify poll interval", &c.notifyPoll, min(2*time.Second, c.ttl), c.ttl); err != nil {
+	if err := positive("notify poll interval", &c.notifyPoll, min(3*time.Second, c.ttl), c.ttl); err != nil {
 		return err
 	}
-	if err := positive("pending-writer TTL", &c.markerTTL, min(max(4*c.maxBackoff, 3*time.Second), c.ttl), c.ttl); err != nil {
+	if err := positive("pending-writer TTL", &c.markerTTL, min(max(4*c.maxBackoff, 6*time.Second), c.ttl), c.ttl); err != nil {
 		return err
 	}
 	if c.markerTTL < 3*MinBackoff*4 {
