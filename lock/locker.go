@@ -375,6 +375,10 @@ func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, 
 	return lease, err
 }
 
+// acquireCancelGrace is how long an in-flight acquire statement may go on
+// after the caller's context ended, before it is cancelled.
+const acquireCancelGrace = 250 * time.Millisecond
+
 // errNoOutcome: the Acquire script neither granted nor named a blocker
 // (what blocked ended meanwhile); the attempt is simply repeated.
 var errNoOutcome = errors.New("acquire neither granted nor reported holders")
@@ -532,6 +536,11 @@ func (l *Locker) sleep(ctx context.Context, d time.Duration, deadline time.Time,
 func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID string, markerUS int64) (acquireResult, error) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.stmtTimeout)
 	defer cancel()
+	// When the caller gives up, let the statement finish for a moment, then
+	// cancel it through the driver (which aborts it on the server); either
+	// way its outcome is known before undo runs.
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(acquireCancelGrace, cancel) })
+	defer stop()
 	vals := map[string]any{
 		"key": key, "mode": mode.code(), "lease_id": leaseID, "owner": l.cfg.owner,
 		"ttl_us": l.cfg.ttl.Microseconds(), "marker_us": markerUS,

@@ -42,6 +42,10 @@ AS $fn$ SELECT (extract(epoch FROM ts) * 1000000)::bigint $fn$;
 CREATE FUNCTION {acquire}(p_key text, p_mode text, p_lease_id text, p_owner text, p_ttl_us bigint, p_marker_us bigint)
 RETURNS TABLE (granted boolean, lease_id text, mode text, owner text, token bigint, expires_us bigint, now_us bigint)
 LANGUAGE plpgsql VOLATILE
+-- Bound every lock wait (the per-key lock, a takeover waiting for a fenced
+-- transaction): the statement fails with 55P03 and the engine polls again,
+-- so a cancelled caller never waits long for its statement's outcome.
+SET lock_timeout = '2s'
 AS $fn$
 #variable_conflict use_column
 DECLARE
