@@ -189,7 +189,10 @@ func newEnv(t T, cfg Config, c Case) *Env {
 		t.Fatalf("connector: %v", err)
 	}
 	e.DB = sql.OpenDB(e.Faults.Connector(conn))
-	e.DB.SetMaxOpenConns(32)
+	// Bounded pools: cases run in parallel, and several packages run the
+	// suite against one server at once.
+	e.DB.SetMaxOpenConns(12)
+	e.DB.SetMaxIdleConns(12)
 	t.Cleanup(func() {
 		e.mu.Lock()
 		e.done = true
@@ -261,6 +264,8 @@ func (e *Env) OpenDB() *sql.DB {
 	if err != nil {
 		e.T.Fatalf("open: %v", err)
 	}
+	db.SetMaxOpenConns(8)
+	db.SetMaxIdleConns(8)
 	e.T.Cleanup(func() { _ = db.Close() })
 	return db
 }

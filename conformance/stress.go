@@ -45,6 +45,8 @@ func ChildMain() int {
 		return 2
 	}
 	defer db.Close()
+	db.SetMaxOpenConns(6)
+	db.SetMaxIdleConns(6)
 	ctx := context.Background()
 	role := childRoles[spec.Role]
 	if role == nil {
