@@ -309,7 +309,14 @@ func (le *Lease) Release(ctx context.Context) error {
 // expiry in the database, and the handle reports it lost when its trusted
 // window ends. Use it to hand a key over to expiry when a release cannot be
 // trusted to run, and in tests to simulate a crashed holder.
-func (le *Lease) Orphan() { le.stopRenewal() }
+//
+// Close does not release an orphaned lease.
+func (le *Lease) Orphan() {
+	le.stopRenewal()
+	le.l.mu.Lock()
+	delete(le.l.leases, le)
+	le.l.mu.Unlock()
+}
 
 // Fence checks, inside the caller's transaction tx, that this exact lease is
 // still live in database time, and keeps it from being taken over until tx
