@@ -191,9 +191,14 @@ func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	leave, err := l.enter(rctx, db)
+	if err != nil {
+		return err
+	}
+	defer leave()
 	send := time.Now()
 	var exp, now int64
-	err := db.QueryRowContext(rctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+	err = db.QueryRowContext(rctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
 		"lease_id": le.id, "token": le.token, "ttl_us": l.cfg.ttl.Microseconds(),
 	})...).Scan(&exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -607,6 +607,11 @@ func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, v
 		}
 		return affected, nil
 	}
+	leave, err := l.enter(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	defer leave()
 	if len(stmts) == 1 {
 		return run(db)
 	}
@@ -662,6 +667,11 @@ func (l *Locker) undo(ctx context.Context, key, leaseID string) {
 // releaseRows runs the Release statement and returns how many holder rows
 // it deleted.
 func (l *Locker) releaseRows(ctx context.Context, leaseID string, token int64) (int64, error) {
+	leave, err := l.enter(ctx, l.db)
+	if err != nil {
+		return 0, err
+	}
+	defer leave()
 	rows, err := l.db.QueryContext(ctx, l.st.release.SQL, l.st.release.Args(map[string]any{
 		"lease_id": leaseID, "token": token, "channel": l.cfg.ns.Channel(),
 	})...)
@@ -685,6 +695,11 @@ func (l *Locker) clearMarker(ctx context.Context, key, leaseID string, ours bool
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
+	leave, err := l.enter(rctx, l.db)
+	if err != nil {
+		return
+	}
+	defer leave()
 	if _, err := l.db.ExecContext(rctx, l.st.clearMarker.SQL, l.st.clearMarker.Args(map[string]any{"key": key, "lease_id": leaseID})...); err != nil {
 		l.cfg.logger.Warn("sqlease: clearing a pending-writer marker failed; it ends by expiry", "key", key, "lease_id", leaseID, "err", err)
 	}

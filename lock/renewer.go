@@ -71,6 +71,13 @@ func (l *Locker) unschedule(le *Lease) {
 	le.renewing = false
 	if le.heapIndex >= 0 && le.heapIndex < len(l.rheap) && l.rheap[le.heapIndex] == le {
 		heap.Remove(&l.rheap, le.heapIndex)
+		if len(l.rheap) == 0 {
+			// Let the renewer see the empty heap and exit now.
+			select {
+			case l.rwake <- struct{}{}:
+			default:
+			}
+		}
 	}
 }
 
@@ -197,8 +204,13 @@ func (l *Locker) renewTimeoutFor(leases []*Lease) time.Duration {
 func (l *Locker) renewOne(le *Lease) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.renewTimeoutFor([]*Lease{le}))
 	defer cancel()
+	leave, err := l.enter(ctx, l.renewDB)
+	if err != nil {
+		return 0, err
+	}
+	defer leave()
 	var exp, now int64
-	err := l.renewDB.QueryRowContext(ctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+	err = l.renewDB.QueryRowContext(ctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
 		"lease_id": le.id, "token": le.token, "ttl_us": l.cfg.ttl.Microseconds(),
 	})...).Scan(&exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -225,6 +237,11 @@ func (l *Locker) renewMany(leases []*Lease) (map[string]int64, error) {
 	b.WriteByte(']')
 	ctx, cancel := context.WithTimeout(context.Background(), l.renewTimeoutFor(leases))
 	defer cancel()
+	leave, err := l.enter(ctx, l.renewDB)
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	rows, err := l.renewDB.QueryContext(ctx, l.st.renewBatch.SQL, l.st.renewBatch.Args(map[string]any{
 		"leases": b.String(), "ttl_us": l.cfg.ttl.Microseconds(),
 	})...)

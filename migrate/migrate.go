@@ -101,6 +101,21 @@ func render(d dialect.Dialect, ns dialect.Namespace) (fs.FS, error) {
 	return out, nil
 }
 
+// versionTableExists probes the version table with a query that reads no
+// row, so reading a version never creates it (goose would). The dialect
+// classifies the error of a missing table.
+func versionTableExists(ctx context.Context, db *sql.DB, d dialect.Dialect, c config) (bool, error) {
+	q := "SELECT 1 FROM " + c.ns.Object(d, "db_version") + " WHERE 1 = 0"
+	rows, err := db.QueryContext(ctx, q)
+	if err == nil {
+		return true, rows.Close()
+	}
+	if d.Classify(err) == dialect.ErrorUndefinedTable {
+		return false, nil
+	}
+	return false, fmt.Errorf("migrate: look for version table %s: %w", c.ns.VersionTable(), err)
+}
+
 func provider(db *sql.DB, d dialect.Dialect, c config) (*goose.Provider, error) {
 	if db == nil {
 		return nil, errors.New("migrate: db is nil")
@@ -211,7 +226,7 @@ func Status(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) 
 	if err != nil {
 		return nil, err
 	}
-	current, _, err := versions(ctx, p, d)
+	current, _, err := versions(ctx, db, p, d, c)
 	if err != nil {
 		return nil, err
 	}
@@ -233,13 +248,20 @@ func Version(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option)
 	if err != nil {
 		return 0, 0, err
 	}
-	return versions(ctx, p, d)
+	return versions(ctx, db, p, d, c)
 }
 
-func versions(ctx context.Context, p *goose.Provider, d dialect.Dialect) (int64, int64, error) {
+// versions reads the applied and latest versions without writing: a
+// missing version table means version 0.
+func versions(ctx context.Context, db *sql.DB, p *goose.Provider, d dialect.Dialect, c config) (int64, int64, error) {
 	var want int64
 	for _, s := range p.ListSources() {
 		want = max(want, s.Version)
+	}
+	if exists, err := versionTableExists(ctx, db, d, c); err != nil {
+		return 0, want, err
+	} else if !exists {
+		return 0, want, nil
 	}
 	current, err := p.GetDBVersion(ctx)
 	if err != nil {

@@ -1,0 +1,260 @@
+package lock_test
+
+import (
+	"context"
+	crand "crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/mattn/go-sqlite3"
+
+	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/dialect/pgdialect"
+	"github.com/sqlease/sqlease/dialect/sqlitedialect"
+	"github.com/sqlease/sqlease/internal/faultdb"
+	"github.com/sqlease/sqlease/lock"
+	"github.com/sqlease/sqlease/migrate"
+)
+
+// Benchmarks of the engine's hot paths, on a SQLite temp file always and on
+// PostgreSQL when SQLEASE_POSTGRES_DSN is set (in a fresh schema, dropped
+// afterwards). Every statement goes through a faultdb counter, so each
+// benchmark also reports stmts/op. The comparison with baselines (raw
+// leases, advisory locks, goose) is the bench program: go run ./bench.
+//
+//	go test -run '^$' -bench . -benchtime 2s ./lock
+
+// benchTarget is one migrated database to benchmark on.
+type benchTarget struct {
+	name string
+	d    dialect.Dialect
+	db   *sql.DB
+	inj  *faultdb.Injector
+	ns   dialect.Namespace
+}
+
+// benchTargets prepares SQLite, and PostgreSQL when configured; everything
+// is removed when b ends.
+func benchTargets(b *testing.B) []benchTarget {
+	b.Helper()
+	ctx := context.Background()
+	path := filepath.Join(b.TempDir(), "bench.db")
+	out := []benchTarget{benchOpen(b, "sqlite", sqlitedialect.New(), "sqlite3",
+		"file:"+path+"?_journal_mode=WAL&_busy_timeout=10000", dialect.Namespace{})}
+	dsn := os.Getenv("SQLEASE_POSTGRES_DSN")
+	if dsn == "" {
+		b.Log("SQLEASE_POSTGRES_DSN is not set: PostgreSQL benchmarks skipped")
+		return out
+	}
+	buf := make([]byte, 5)
+	_, _ = crand.Read(buf)
+	schema := "sqlease_bench_" + hex.EncodeToString(buf)
+	t := benchOpen(b, "postgres", pgdialect.New(), "pgx", dsn, dialect.Namespace{Schema: schema})
+	b.Cleanup(func() {
+		db, err := sql.Open("pgx", dsn)
+		if err != nil {
+			return
+		}
+		defer db.Close()
+		_, _ = db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+pgdialect.New().QuoteIdent(schema)+" CASCADE")
+	})
+	return append(out, t)
+}
+
+// benchOpen opens a counting pool on dsn and migrates the lock tables.
+func benchOpen(b *testing.B, name string, d dialect.Dialect, driverName, dsn string, ns dialect.Namespace) benchTarget {
+	b.Helper()
+	raw, err := sql.Open(driverName, dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	conn, err := faultdb.DSNConnector(raw.Driver(), dsn)
+	_ = raw.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	inj := faultdb.New()
+	db := sql.OpenDB(inj.Connector(conn))
+	db.SetMaxIdleConns(16)
+	b.Cleanup(func() { _ = db.Close() })
+	if _, err := migrate.Up(context.Background(), db, d, migrate.WithNamespace(ns)); err != nil {
+		b.Fatalf("%s: migrate: %v", name, err)
+	}
+	return benchTarget{name: name, d: d, db: db, inj: inj, ns: ns}
+}
+
+// locker builds a silent Locker on the target, closed when b ends.
+func (t benchTarget) locker(b *testing.B, opts ...lock.Option) *lock.Locker {
+	b.Helper()
+	base := []lock.Option{lock.WithSchema(t.ns.Schema), lock.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
+	l, err := lock.New(context.Background(), t.db, t.d, append(base, opts...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = l.Close(ctx)
+	})
+	return l
+}
+
+// measure resets the timer and the statement count, runs the loop, and
+// reports statements per operation.
+func (t benchTarget) measure(b *testing.B, loop func()) {
+	b.Helper()
+	t.inj.ResetCounts()
+	b.ResetTimer()
+	loop()
+	b.StopTimer()
+	b.ReportMetric(float64(t.inj.Count(""))/float64(b.N), "stmts/op")
+}
+
+// BenchmarkTryAcquireRelease: one uncontended TryAcquire + Release per
+// operation, one client.
+func BenchmarkTryAcquireRelease(b *testing.B) {
+	ctx := context.Background()
+	for _, t := range benchTargets(b) {
+		for _, mode := range []lock.Mode{lock.Exclusive, lock.Shared} {
+			b.Run(t.name+"/"+mode.String(), func(b *testing.B) {
+				l := t.locker(b)
+				t.measure(b, func() {
+					for b.Loop() {
+						le, err := l.TryAcquire(ctx, "bench/one", mode)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := le.Release(ctx); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			})
+		}
+	}
+}
+
+// BenchmarkTryAcquireReleaseParallel: uncontended TryAcquire + Release from
+// GOMAXPROCS*4 goroutines of one Locker, each on its own key.
+func BenchmarkTryAcquireReleaseParallel(b *testing.B) {
+	ctx := context.Background()
+	for _, t := range benchTargets(b) {
+		b.Run(t.name, func(b *testing.B) {
+			l := t.locker(b)
+			var next atomic.Int64
+			b.SetParallelism(4)
+			t.measure(b, func() {
+				b.RunParallel(func(pb *testing.PB) {
+					key := "bench/p/" + strconv.FormatInt(next.Add(1), 10)
+					for pb.Next() {
+						le, err := l.TryAcquire(ctx, key, lock.Exclusive)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if err := le.Release(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			})
+		})
+	}
+}
+
+// BenchmarkTryAcquireRefused: a poll of a key another Locker holds (the
+// waiter's hot path; on PostgreSQL it writes nothing).
+func BenchmarkTryAcquireRefused(b *testing.B) {
+	ctx := context.Background()
+	for _, t := range benchTargets(b) {
+		b.Run(t.name, func(b *testing.B) {
+			holder, poller := t.locker(b), t.locker(b)
+			le, err := holder.TryAcquire(ctx, "bench/held", lock.Exclusive)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer le.Release(ctx)
+			t.measure(b, func() {
+				for b.Loop() {
+					if _, err := poller.TryAcquire(ctx, "bench/held", lock.Exclusive); !errors.Is(err, lock.ErrLocked) {
+						b.Fatalf("want ErrLocked, got %v", err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkRenew: an explicit Lease.Renew (the background renewer batches
+// many leases into one such statement).
+func BenchmarkRenew(b *testing.B) {
+	ctx := context.Background()
+	for _, t := range benchTargets(b) {
+		b.Run(t.name, func(b *testing.B) {
+			l := t.locker(b)
+			le, err := l.TryAcquire(ctx, "bench/renew", lock.Exclusive)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer le.Release(ctx)
+			t.measure(b, func() {
+				for b.Loop() {
+					if err := le.Renew(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkRunInTx: an empty fenced transaction (begin, fence, commit).
+func BenchmarkRunInTx(b *testing.B) {
+	ctx := context.Background()
+	for _, t := range benchTargets(b) {
+		b.Run(t.name, func(b *testing.B) {
+			l := t.locker(b)
+			le, err := l.TryAcquire(ctx, "bench/fence", lock.Exclusive)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer le.Release(ctx)
+			t.measure(b, func() {
+				for b.Loop() {
+					if err := le.RunInTx(ctx, t.db, nil, func(context.Context, *sql.Tx) error { return nil }); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkDo: Locker.Do with a function that does nothing (acquire,
+// run, release).
+func BenchmarkDo(b *testing.B) {
+	ctx := context.Background()
+	for _, t := range benchTargets(b) {
+		b.Run(t.name, func(b *testing.B) {
+			l := t.locker(b)
+			t.measure(b, func() {
+				for b.Loop() {
+					if err := l.Do(ctx, "bench/do", lock.Exclusive, func(context.Context, *lock.Lease) error { return nil }); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}

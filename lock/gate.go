@@ -1,0 +1,33 @@
+package lock
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+
+	"github.com/sqlease/sqlease/dialect"
+)
+
+// On a database that serializes writers (no CapConcurrentWriters, e.g.
+// SQLite), writers of one process that collide are put to sleep by the
+// database's busy handler, in steps of up to 100 ms. The engine queues its
+// own write statements per *sql.DB instead, so contention inside one
+// process costs no busy sleeps; other processes still meet the busy handler.
+
+var gates sync.Map // *sql.DB -> chan struct{}
+
+// enter waits for db's write gate (a no-op on dialects with concurrent
+// writers); the returned func leaves it.
+func (l *Locker) enter(ctx context.Context, db *sql.DB) (func(), error) {
+	if l.d.Capabilities().Has(dialect.CapConcurrentWriters) {
+		return func() {}, nil
+	}
+	g, _ := gates.LoadOrStore(db, make(chan struct{}, 1))
+	gate := g.(chan struct{})
+	select {
+	case gate <- struct{}{}:
+		return func() { <-gate }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
