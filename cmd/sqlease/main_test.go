@@ -1,0 +1,724 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqlease/sqlease/conformance"
+	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/dialect/sqlitedialect"
+	"github.com/sqlease/sqlease/lock"
+)
+
+// TestMain lets multi-process conformance cases re-execute this test
+// binary as a child, as they re-execute the sqlease binary.
+func TestMain(m *testing.M) {
+	if conformance.IsChild() {
+		os.Exit(conformance.ChildMain())
+	}
+	os.Exit(m.Run())
+}
+
+// unreachableDSN points at a port nothing listens on.
+const unreachableDSN = "postgres://root@127.0.0.1:1/x?sslmode=disable&connect_timeout=5"
+
+// summaryRE matches check's final line.
+var summaryRE = regexp.MustCompile(`(?m)^(\d+) passed, (\d+) failed, (\d+) skipped$`)
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// cli runs the program in-process.
+func cli(t *testing.T, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(args, &stdout, &stderr)
+	return result{code, stdout.String(), stderr.String()}
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+// sqliteFile returns the path of a new (absent) SQLite database file.
+func sqliteFile(t *testing.T) string {
+	t.Helper()
+	return filepath.Join(t.TempDir(), "locks.db")
+}
+
+// migrated returns the path of a SQLite file migrated with `sqlease
+// migrate`.
+func migrated(t *testing.T) string {
+	t.Helper()
+	path := sqliteFile(t)
+	r := cli(t, "migrate", "--dsn", path)
+	if r.code != 0 || !strings.Contains(r.stdout, "applied 00001_") {
+		t.Fatalf("migrate: want exit 0 and an applied migration, got %v", r)
+	}
+	return path
+}
+
+// locker opens a Locker on the SQLite file at path.
+func locker(t *testing.T, path string, opts ...lock.Option) *lock.Locker {
+	t.Helper()
+	db, err := sql.Open("sqlite3", conformance.SQLiteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	l, err := lock.New(t.Context(), db, sqlitedialect.New(), opts...)
+	if err != nil {
+		t.Fatalf("lock.New: %v", err)
+	}
+	t.Cleanup(func() { l.Close(context.Background()) })
+	return l
+}
+
+// summary checks that out ends with a summary line and returns its counts.
+func summary(t *testing.T, r result) (passed, failed, skipped int) {
+	t.Helper()
+	m := summaryRE.FindStringSubmatch(r.stdout)
+	if m == nil {
+		t.Fatalf("no summary line %q in output: %v", summaryRE, r)
+	}
+	passed, _ = strconv.Atoi(m[1])
+	failed, _ = strconv.Atoi(m[2])
+	skipped, _ = strconv.Atoi(m[3])
+	return
+}
+
+// checkRun runs a check command line and returns its result. The cases
+// belong to package conformance and some are timing-sensitive (a 300 ms TTL
+// renewed within 60 ms) on a loaded two-core machine, so when cases fail
+// (exit 1 with a summary) the run is repeated, up to three runs in all,
+// logging each failed run; what these tests assert is the command's
+// behaviour, not the suite's. They also run at most two cases at once, as
+// go test would on two cores.
+func checkRun(t *testing.T, run func() result) result {
+	t.Helper()
+	var r result
+	for attempt := 1; attempt <= 3; attempt++ {
+		r = run()
+		m := summaryRE.FindStringSubmatch(r.stdout)
+		if r.code != 1 || m == nil || m[2] == "0" {
+			break
+		}
+		t.Logf("check run %d: a conformance case failed:\n%v", attempt, r)
+	}
+	return r
+}
+
+// lightCases returns a --run expression selecting the S1 and S3 cases
+// except the stress ones. A stress case runs 16 goroutines and two child
+// processes for seconds and opens about 35 connections; under go test ./...
+// the dialect suites run theirs at the same moment (PostgreSQL allows 100
+// connections by default). TestCheckBinary runs the stress cases through
+// the real binary; the dialect suites run them under go test.
+func lightCases(t *testing.T) string {
+	t.Helper()
+	var names []string
+	for _, c := range conformance.Cases() {
+		if regexp.MustCompile(`^S[13]_`).MatchString(c.Name) && !strings.Contains(c.Name, "Stress") {
+			names = append(names, regexp.QuoteMeta(c.Name))
+		}
+	}
+	if len(names) == 0 {
+		t.Fatal("no S1 or S3 conformance case without Stress in its name")
+	}
+	return "^(" + strings.Join(names, "|") + ")$"
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"-h"}} {
+		r := cli(t, args...)
+		if r.code != 0 {
+			t.Fatalf("%v: %v", args, r)
+		}
+		for _, want := range []string{"check", "migrate", "status", "sweep", "--dsn", "--run", "--parallel", "--limit", "--json", "--schema", "--prefix", "SQLEASE_DSN"} {
+			if !strings.Contains(r.stdout, want) {
+				t.Errorf("%v: help lacks %q:\n%s", args, want, r.stdout)
+			}
+		}
+	}
+	for _, args := range [][]string{{"help", "sweep"}, {"sweep", "--help"}} {
+		r := cli(t, args...)
+		if r.code != 0 || !strings.Contains(r.stdout, "-limit") {
+			t.Errorf("%v: want exit 0 and the sweep flags, got %v", args, r)
+		}
+	}
+}
+
+func TestBadUsageExits2(t *testing.T) {
+	t.Setenv(dsnEnv, "")
+	path := migrated(t)
+	for _, tc := range []struct {
+		args []string
+		want string // in stderr
+	}{
+		{nil, "Usage"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"help", "frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"check", "--no-such-flag"}, "no-such-flag"},
+		{[]string{"check", "--parallel", "0"}, "--parallel"},
+		{[]string{"check", "--timeout", "0s"}, "--timeout"},
+		{[]string{"check", "--run", "("}, "--run"},
+		{[]string{"check", "--run", "^NoSuchCase$"}, "no conformance case"},
+		{[]string{"check", "--dialect", "oracle", "--dsn", "x"}, "postgres, sqlite"},
+		{[]string{"check", "--dialect", "postgres"}, "--dsn"},
+		{[]string{"check", "extra"}, "unexpected argument"},
+		{[]string{"status"}, "SQLEASE_DSN"},
+		{[]string{"status", "--dsn", "host=localhost dbname=x"}, "--dialect"},
+		{[]string{"status", "--dsn", path, "--dialect", "nosuch"}, "postgres, sqlite"},
+		{[]string{"status", "--dsn", path, "--prefix", "Bad-Prefix"}, "prefix"},
+		{[]string{"status", "--dsn", filepath.Join(t.TempDir(), "absent.db")}, "no such file"},
+		{[]string{"sweep", "--dsn", path, "--limit", "0"}, "--limit"},
+		{[]string{"sweep", "--dsn", path, "--limit", "-5"}, "--limit"},
+		{[]string{"sweep", "--dsn", path, "--schema", "app"}, "schema"},
+		{[]string{"migrate", "sideways", "--dsn", path}, `unknown action "sideways"`},
+		{[]string{"migrate", "up", "extra", "--dsn", path}, "unexpected argument"},
+	} {
+		r := cli(t, tc.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%q: want exit 2 with %q on stderr, got %v", tc.args, tc.want, r)
+		}
+		if r.code == 2 && len(tc.args) > 0 && len(strings.Split(strings.TrimSpace(r.stderr), "\n")) != 1 {
+			t.Errorf("%q: want a one-line reason, got %q", tc.args, r.stderr)
+		}
+	}
+}
+
+func TestUnreachableDatabaseExits2(t *testing.T) {
+	for _, args := range [][]string{
+		{"check", "--dsn", unreachableDSN},
+		{"migrate", "--dsn", unreachableDSN},
+		{"migrate", "status", "--dsn", unreachableDSN},
+		{"status", "--dsn", unreachableDSN},
+		{"sweep", "--dsn", unreachableDSN},
+	} {
+		r := cli(t, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "cannot reach") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("%q: want exit 2 and one line saying the database cannot be reached, got %v", args, r)
+		}
+		if summaryRE.MatchString(r.stdout) {
+			t.Errorf("%q: ran cases against an unreachable database: %v", args, r)
+		}
+	}
+}
+
+func TestMissingSchemaExits2(t *testing.T) {
+	path := sqliteFile(t)
+	if err := os.WriteFile(path, nil, 0o600); err != nil { // an empty SQLite database
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"status", "--dsn", path},
+		{"status", "--dsn", path, "--json"},
+		{"sweep", "--dsn", path},
+		{"status", "--dsn", migrated(t), "--prefix", "other_"},
+	} {
+		r := cli(t, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "sqlease migrate") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("%q: want exit 2 and one line saying to run `sqlease migrate`, got %v", args, r)
+		}
+	}
+	r := cli(t, "migrate", "status", "--dsn", path)
+	if r.code != 0 || !regexp.MustCompile(`(?m)^1\s+00001_\S+\s+no$`).MatchString(r.stdout) {
+		t.Errorf("migrate status on an empty database: want migration 1 not applied, got %v", r)
+	}
+}
+
+func TestMigrate(t *testing.T) {
+	path := sqliteFile(t)
+	r := cli(t, "migrate", "up", "--dsn", "sqlite:"+path)
+	if r.code != 0 || !strings.Contains(r.stdout, "applied 00001_") {
+		t.Fatalf("migrate up: %v", r)
+	}
+	t.Setenv(dsnEnv, path)
+	r = cli(t, "migrate")
+	if r.code != 0 || !strings.Contains(r.stdout, "already up to date") {
+		t.Fatalf("second migrate (DSN from $%s): want already up to date, got %v", dsnEnv, r)
+	}
+	r = cli(t, "migrate", "status")
+	if r.code != 0 || !regexp.MustCompile(`(?m)^1\s+00001_\S+\s+yes$`).MatchString(r.stdout) {
+		t.Fatalf("migrate status: want migration 1 applied, got %v", r)
+	}
+	// A second namespace in the same file is independent.
+	r = cli(t, "migrate", "status", "--prefix", "other_")
+	if r.code != 0 || !regexp.MustCompile(`(?m)^1\s+00001_\S+\s+no$`).MatchString(r.stdout) {
+		t.Fatalf("migrate status --prefix other_: want migration 1 not applied, got %v", r)
+	}
+}
+
+// statusJSON reads `sqlease status --json` output.
+func statusJSON(t *testing.T, args ...string) []holderJSON {
+	t.Helper()
+	r := cli(t, append([]string{"status", "--json"}, args...)...)
+	if r.code != 0 {
+		t.Fatalf("status --json: %v", r)
+	}
+	var out []holderJSON
+	sc := bufio.NewScanner(strings.NewReader(r.stdout))
+	for sc.Scan() {
+		var raw map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &raw); err != nil {
+			t.Fatalf("status --json line %q: %v", sc.Text(), err)
+		}
+		for _, f := range []string{"key", "mode", "owner", "lease_id", "token", "expires_at", "expires_in_ms", "expired", "pending_writer"} {
+			if _, ok := raw[f]; !ok {
+				t.Errorf("status --json line %q lacks field %q", sc.Text(), f)
+			}
+		}
+		var h holderJSON
+		if err := json.Unmarshal(sc.Bytes(), &h); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+func TestStatusShowsLeases(t *testing.T) {
+	path := migrated(t)
+	a := locker(t, path, lock.WithOwner("worker-a"), lock.WithTTL(time.Minute))
+	b := locker(t, path, lock.WithOwner("worker-b"), lock.WithTTL(time.Minute))
+	ctx := t.Context()
+	x, err := a.TryAcquire(ctx, "jobs/nightly", lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.TryAcquire(ctx, "reports/q3", lock.Shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	r := cli(t, "status", "--dsn", path)
+	if r.code != 0 {
+		t.Fatalf("status: %v", r)
+	}
+	if !strings.HasPrefix(r.stdout, "KEY") || !regexp.MustCompile(`^KEY\s+MODE\s+OWNER\s+LEASE ID\s+TOKEN\s+EXPIRES IN\n`).MatchString(r.stdout) {
+		t.Errorf("status: want a header line KEY MODE OWNER LEASE ID TOKEN EXPIRES IN, got %v", r)
+	}
+	wantRow := regexp.MustCompile(fmt.Sprintf(`(?m)^jobs/nightly\s+exclusive\s+worker-a\s+%s\s+%d\s+[0-9.]+s$`, x.LeaseID(), x.Token()))
+	if !wantRow.MatchString(r.stdout) {
+		t.Errorf("status: want a row for the exclusive lease (token %d), got %v", x.Token(), r)
+	}
+	wantRow = regexp.MustCompile(fmt.Sprintf(`(?m)^reports/q3\s+shared\s+worker-b\s+%s\s+%d\s+`, s.LeaseID(), s.Token()))
+	if !wantRow.MatchString(r.stdout) {
+		t.Errorf("status: want a row for the shared lease (token %d), got %v", s.Token(), r)
+	}
+
+	hs := statusJSON(t, "--dsn", path, "--key", "jobs/")
+	if len(hs) != 1 {
+		t.Fatalf("status --json --key jobs/: want 1 lease, got %+v", hs)
+	}
+	h := hs[0]
+	if h.Key != "jobs/nightly" || h.Mode != "exclusive" || h.Owner != "worker-a" || h.LeaseID != x.LeaseID() || h.Token != x.Token() || h.Expired || h.PendingWriter {
+		t.Errorf("status --json: want the exclusive lease token %d of worker-a, got %+v", x.Token(), h)
+	}
+	if h.ExpiresInMS <= 0 || h.ExpiresInMS > time.Minute.Milliseconds() {
+		t.Errorf("status --json: expires_in_ms %d, want in (0, 60000]", h.ExpiresInMS)
+	}
+	at, err := time.Parse(time.RFC3339Nano, h.ExpiresAt)
+	if err != nil || at.Sub(x.Expiry()).Abs() > time.Minute {
+		t.Errorf("status --json: expires_at %q (%v), want RFC3339Nano near %v", h.ExpiresAt, err, x.Expiry())
+	}
+
+	// A waiting writer shows up as a pending-writer marker.
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c := locker(t, path, lock.WithOwner("worker-c"), lock.WithTTL(time.Minute))
+		if le, err := c.Acquire(wctx, "reports/q3", lock.Exclusive); err == nil {
+			le.Release(context.Background())
+		}
+	}()
+	defer func() { cancel(); wg.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	var marker *holderJSON
+	for marker == nil && time.Now().Before(deadline) {
+		for _, h := range statusJSON(t, "--dsn", path, "--key", "reports/") {
+			if h.PendingWriter {
+				marker = &h
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if marker == nil {
+		t.Fatalf("status --json: no pending_writer row while a writer waits")
+	}
+	if marker.Mode != "pending-writer" || marker.Owner != "worker-c" || marker.Key != "reports/q3" {
+		t.Errorf("status --json: want worker-c's pending-writer marker on reports/q3, got %+v", *marker)
+	}
+}
+
+func TestStatusShowsExpired(t *testing.T) {
+	path := migrated(t)
+	l := locker(t, path, lock.WithTTL(lock.MinTTL))
+	le, err := l.TryAcquire(t.Context(), "crashed", lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	le.Orphan() // the holder "crashes": no renewal, no release
+	time.Sleep(lock.MinTTL + 100*time.Millisecond)
+	hs := statusJSON(t, "--dsn", path)
+	if len(hs) != 1 || !hs[0].Expired || hs[0].ExpiresInMS >= 0 || hs[0].Token != le.Token() {
+		t.Fatalf("status --json: want one expired row with negative expires_in_ms, got %+v", hs)
+	}
+	r := cli(t, "status", "--dsn", path)
+	if !regexp.MustCompile(`(?m)^crashed\s+exclusive\s+.*\s-[0-9.]+m?s \(expired\)$`).MatchString(r.stdout) {
+		t.Errorf("status: want the row shown as expired, got %v", r)
+	}
+}
+
+func TestSweepHonoursLimit(t *testing.T) {
+	path := migrated(t)
+	l := locker(t, path, lock.WithTTL(lock.MinTTL))
+	const n = 5
+	for i := 0; i < n; i++ {
+		le, err := l.TryAcquire(t.Context(), fmt.Sprintf("k%d", i), lock.Exclusive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		le.Orphan()
+	}
+	live := locker(t, path, lock.WithTTL(time.Minute))
+	keep, err := live.TryAcquire(t.Context(), "live", lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(lock.MinTTL + 100*time.Millisecond)
+	swept := func(args ...string) int {
+		t.Helper()
+		r := cli(t, append([]string{"sweep", "--dsn", path}, args...)...)
+		m := regexp.MustCompile(`swept (\d+) `).FindStringSubmatch(r.stdout)
+		if r.code != 0 || m == nil {
+			t.Fatalf("sweep %v: %v", args, r)
+		}
+		got, _ := strconv.Atoi(m[1])
+		return got
+	}
+	first := swept("--limit", "2")
+	if first < 1 || first > 2 {
+		t.Fatalf("sweep --limit 2 removed %d rows, want 1 or 2", first)
+	}
+	if left := len(statusJSON(t, "--dsn", path)); left != n+1-first {
+		t.Errorf("after sweep --limit 2 removed %d: %d rows left, want %d", first, left, n+1-first)
+	}
+	if second := swept(); second != n-first {
+		t.Errorf("sweep without limit removed %d, want the other %d expired rows", second, n-first)
+	}
+	hs := statusJSON(t, "--dsn", path)
+	if len(hs) != 1 || hs[0].Key != "live" || hs[0].Token != keep.Token() {
+		t.Errorf("after sweeping: want only the live lease left, got %+v", hs)
+	}
+}
+
+func TestCheckSQLite(t *testing.T) {
+	// The check's temporary directory is made under $TMPDIR; it must be
+	// gone afterwards.
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	t.Setenv(dsnEnv, "")
+	r := checkRun(t, func() result { return cli(t, "check", "--run", lightCases(t), "--parallel", "2") })
+	passed, failed, _ := summary(t, r)
+	if r.code != 0 || failed != 0 || passed == 0 {
+		t.Fatalf("check on SQLite: want exit 0 and passing cases, got %v", r)
+	}
+	selected := regexp.MustCompile(lightCases(t))
+	for _, c := range conformance.Cases() {
+		if !selected.MatchString(c.Name) {
+			if strings.Contains(r.stdout, c.Name) {
+				t.Errorf("--run %s ran %s", selected, c.Name)
+			}
+			continue
+		}
+		if !regexp.MustCompile(`(?m)^` + c.Name + `\s+(PASS|SKIP)\s+[0-9.]+s$`).MatchString(r.stdout) {
+			t.Errorf("no result line for %s in %v", c.Name, r)
+		}
+	}
+	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
+		t.Errorf("check left %d entries in $TMPDIR", len(ents))
+	}
+}
+
+// TestCheckBinary runs the real binary, so multi-process cases re-execute
+// it as their children.
+func TestCheckBinary(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(t.TempDir(), "sqlease")
+	if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	r := checkRun(t, func() result {
+		cmd := exec.Command(bin, "check", "--run", "S3_|S1_Stress", "--parallel", "2")
+		cmd.Env = append(os.Environ(), dsnEnv+"=")
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil && !errors.As(err, new(*exec.ExitError)) {
+			t.Fatal(err)
+		}
+		return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+	})
+	passed, failed, _ := summary(t, r)
+	if r.code != 0 || failed != 0 || passed == 0 {
+		t.Fatalf("sqlease check: want exit 0 and passing cases, got %v", r)
+	}
+	if !regexp.MustCompile(`(?m)^S1_Stress\S*\s+PASS`).MatchString(r.stdout) {
+		t.Errorf("no multi-process stress case passed: %v", r)
+	}
+
+	out, err := exec.Command(bin, "check", "--parallel", "0").CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Errorf("binary with --parallel 0: want exit 2, got %v: %s", err, out)
+	}
+}
+
+func TestCheckPostgres(t *testing.T) {
+	dsn := conformance.PostgresDSN(t)
+	var mu sync.Mutex
+	var schemas []string
+	newDatabaseHook = func(d conformance.Database) {
+		mu.Lock()
+		schemas = append(schemas, d.Namespace.Schema)
+		mu.Unlock()
+	}
+	defer func() { newDatabaseHook = nil }()
+	r := checkRun(t, func() result { return cli(t, "check", "--run", lightCases(t), "--parallel", "2", "--dsn", dsn) })
+	passed, failed, _ := summary(t, r)
+	if r.code != 0 || failed != 0 || passed == 0 {
+		t.Fatalf("check on PostgreSQL: want exit 0 and passing cases, got %v", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(schemas) < passed {
+		t.Fatalf("saw %d case schemas for %d passing cases", len(schemas), passed)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, s := range schemas {
+		if !strings.HasPrefix(s, "sqlease_t_") {
+			t.Errorf("case schema %q is not a sqlease_t_ schema", s)
+		}
+		var n int
+		if err := db.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, s).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("check left schema %s behind", s)
+		}
+	}
+}
+
+func TestStatusPostgresSchema(t *testing.T) {
+	dsn := conformance.PostgresDSN(t)
+	schema := fmt.Sprintf("sqlease_cli_%d", time.Now().UnixNano()%1e9)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.ExecContext(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+		db.Close()
+	})
+	r := cli(t, "status", "--dsn", dsn, "--schema", schema)
+	if r.code != 2 || !strings.Contains(r.stderr, "sqlease migrate") {
+		t.Fatalf("status before migrate: want exit 2 saying to migrate, got %v", r)
+	}
+	if r := cli(t, "migrate", "--dsn", dsn, "--schema", schema); r.code != 0 {
+		t.Fatalf("migrate: %v", r)
+	}
+	d, _ := dialect.Lookup("postgres")
+	l, err := lock.New(t.Context(), db, d, lock.WithSchema(schema), lock.WithOwner("pg-worker"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	le, err := l.TryAcquire(t.Context(), "pg/key", lock.Shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := statusJSON(t, "--dsn", dsn, "--schema", schema)
+	if len(hs) != 1 || hs[0].Token != le.Token() || hs[0].Mode != "shared" || hs[0].Owner != "pg-worker" || hs[0].Expired {
+		t.Fatalf("status --json: want the shared lease token %d, got %+v", le.Token(), hs)
+	}
+	if r := cli(t, "sweep", "--dsn", dsn, "--schema", schema, "--limit", "10"); r.code != 0 || !strings.Contains(r.stdout, "swept 0 ") {
+		t.Errorf("sweep with only a live lease: want 0 swept, got %v", r)
+	}
+}
+
+func TestRunCasesReport(t *testing.T) {
+	cfg := conformance.SQLite(t.TempDir())
+	cases := []conformance.Case{
+		{Name: "X1_Passes", Rule: "X1", Run: func(e *conformance.Env) {
+			if _, err := e.NewLocker(nil).TryAcquire(e.Ctx(), "k", lock.Exclusive); err != nil {
+				e.T.Fatalf("%v", err)
+			}
+		}},
+		{Name: "X2_Fails", Rule: "X2", Run: func(e *conformance.Env) {
+			e.T.Logf("first line\nsecond line")
+			e.T.Fatalf("it broke")
+		}},
+		{Name: "X3_NeedsRowLocks", Rule: "X3", Needs: dialect.CapRowLockFence, Run: func(e *conformance.Env) {
+			e.T.Errorf("ran without the capability")
+		}},
+	}
+	var stdout bytes.Buffer
+	passed, failed, skipped, running := runCases(t.Context(), &output{stdout: &stdout, stderr: &stdout}, cfg, cases, 2, false, time.Minute)
+	if passed != 1 || failed != 1 || skipped != 1 || running != nil {
+		t.Errorf("want 1 passed, 1 failed, 1 skipped; got %d, %d, %d:\n%s", passed, failed, skipped, stdout.String())
+	}
+	for _, re := range []string{
+		`(?m)^X1_Passes\s+PASS\s+[0-9.]+s$`,
+		`(?m)^X2_Fails\s+FAIL\s+[0-9.]+s\n    first line\n    second line\n    it broke$`,
+		`(?m)^X3_NeedsRowLocks\s+SKIP\s+[0-9.]+s\n    skipped: .*row-lock-fence`,
+	} {
+		if !regexp.MustCompile(re).MatchString(stdout.String()) {
+			t.Errorf("output does not match %s:\n%s", re, stdout.String())
+		}
+	}
+}
+
+func TestRunCasesTimeout(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	cases := []conformance.Case{
+		{Name: "X1_Quick", Rule: "X1", Run: func(e *conformance.Env) {}},
+		{Name: "X2_Hangs", Rule: "X2", Run: func(e *conformance.Env) { <-release }},
+		{Name: "X3_Quick", Rule: "X3", Run: func(e *conformance.Env) {}},
+	}
+	var stdout bytes.Buffer
+	start := time.Now()
+	passed, failed, _, running := runCases(t.Context(), &output{stdout: &stdout, stderr: &stdout}, conformance.SQLite(t.TempDir()), cases, 2, false, 2*time.Second)
+	if passed != 2 || failed != 0 || len(running) != 1 || running[0] != "X2_Hangs" {
+		t.Errorf("want 2 passed and X2_Hangs still running, got %d passed, %d failed, running %v:\n%s", passed, failed, running, stdout.String())
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("gave up after %s, want about 2s", d)
+	}
+}
+
+func TestCaseT(t *testing.T) {
+	ctx := t.Context()
+	var order []string
+	var mu sync.Mutex
+	note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+
+	var caseCtx context.Context
+	r := runT(ctx, "X1_Fatal", func(ct *caseT) {
+		caseCtx = ct.Context()
+		ct.Cleanup(func() {
+			if caseCtx.Err() == nil {
+				note("context alive during cleanup")
+			}
+			note("first")
+		})
+		ct.Cleanup(func() {
+			note("second")
+			ct.Cleanup(func() { note("nested") })
+		})
+		ct.Logf("before")
+		ct.Fatalf("boom %d", 1)
+		note("after Fatalf")
+	})
+	if r.status != "FAIL" || strings.Join(r.logs, "|") != "before|boom 1" {
+		t.Errorf("Fatalf: want FAIL with logs before|boom 1, got %+v", r)
+	}
+	if got := strings.Join(order, ","); got != "second,nested,first" {
+		t.Errorf("cleanups: want second,nested,first (LIFO, after Goexit, context cancelled), got %s", got)
+	}
+
+	r = runT(ctx, "X2_Skip", func(ct *caseT) {
+		ct.Skipf("no %s", "capability")
+		ct.Errorf("after Skipf")
+	})
+	if r.status != "SKIP" || len(r.logs) != 1 || !strings.Contains(r.logs[0], "no capability") {
+		t.Errorf("Skipf: want SKIP with the reason, got %+v", r)
+	}
+
+	r = runT(ctx, "X3_Panic", func(ct *caseT) { panic("oops") })
+	if r.status != "FAIL" || !strings.Contains(strings.Join(r.logs, "\n"), "panic: oops") {
+		t.Errorf("panic: want FAIL with the panic, got %+v", r)
+	}
+
+	r = runT(ctx, "X4_Pass", func(ct *caseT) {
+		if ct.Name() != "X4_Pass" || ct.Failed() {
+			ct.Errorf("name %q failed %v", ct.Name(), ct.Failed())
+		}
+		ct.Errorf("soft")
+		if !ct.Failed() {
+			ct.Fatalf("Failed() false after Errorf")
+		}
+	})
+	if r.status != "FAIL" || r.logs[0] != "soft" {
+		t.Errorf("Errorf: want FAIL, got %+v", r)
+	}
+	if r := runT(ctx, "X5_Pass", func(ct *caseT) { ct.Logf("fine") }); r.status != "PASS" {
+		t.Errorf("want PASS, got %+v", r)
+	}
+}
+
+func TestResolve(t *testing.T) {
+	for _, tc := range []struct {
+		dsn, dialect           string
+		wantDialect, wantDrv   string
+		wantDSN, wantPath, err string
+	}{
+		{dsn: "postgres://u@h/db", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "postgres://u@h/db"},
+		{dsn: "PostgreSQL://u@h/db", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "PostgreSQL://u@h/db"},
+		{dsn: "/var/lib/app/locks.db", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "/var/lib/app/locks.db?_busy_timeout=10000", wantPath: "/var/lib/app/locks.db"},
+		{dsn: "x.sqlite3", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "x.sqlite3?_busy_timeout=10000", wantPath: "x.sqlite3"},
+		{dsn: "file:/tmp/a.db?_journal_mode=WAL", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "file:/tmp/a.db?_journal_mode=WAL&_busy_timeout=10000", wantPath: "/tmp/a.db"},
+		{dsn: "file:/tmp/a.db?_busy_timeout=5", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "file:/tmp/a.db?_busy_timeout=5", wantPath: "/tmp/a.db"},
+		{dsn: "sqlite:///tmp/b.sqlite", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "/tmp/b.sqlite?_busy_timeout=10000", wantPath: "/tmp/b.sqlite"},
+		{dsn: "sqlite:rel/c", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "rel/c?_busy_timeout=10000", wantPath: "rel/c"},
+		{dsn: "file::memory:?cache=shared", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "file::memory:?cache=shared&_busy_timeout=10000"},
+		{dsn: "/data/locks", dialect: "sqlite", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "/data/locks?_busy_timeout=10000", wantPath: "/data/locks"},
+		{dsn: "host=db user=app", dialect: "postgres", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "host=db user=app"},
+		{dsn: "host=db user=app", err: "--dialect"},
+		{dsn: "x.db", dialect: "mysql", err: "registered: postgres, sqlite"},
+		{dsn: "", err: "SQLEASE_DSN"},
+	} {
+		got, err := resolve(tc.dsn, tc.dialect)
+		if tc.err != "" {
+			var ee *exitError
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.As(err, &ee) || ee.code != exitUsage {
+				t.Errorf("resolve(%q, %q): want a usage error with %q, got %v", tc.dsn, tc.dialect, tc.err, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("resolve(%q, %q): %v", tc.dsn, tc.dialect, err)
+			continue
+		}
+		if got.dialect.Name() != tc.wantDialect || got.driver != tc.wantDrv || got.dsn != tc.wantDSN || got.sqlitePath != tc.wantPath {
+			t.Errorf("resolve(%q, %q) = %s %s %q path %q; want %s %s %q path %q", tc.dsn, tc.dialect,
+				got.dialect.Name(), got.driver, got.dsn, got.sqlitePath, tc.wantDialect, tc.wantDrv, tc.wantDSN, tc.wantPath)
+		}
+	}
+}
