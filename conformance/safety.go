@@ -176,13 +176,13 @@ func s3TokensIncrease(e *Env) {
 
 func s3TokenStable(e *Env) {
 	ctx := e.Ctx()
-	l := e.NewLocker(nil, lock.WithTTL(300*time.Millisecond))
+	l := e.NewLocker(nil, lock.WithTTL(time.Second))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
 	if err != nil {
 		e.T.Fatalf("%v", err)
 	}
 	tok, exp := le.Token(), le.Expiry()
-	time.Sleep(450 * time.Millisecond) // past one TTL: renewed at least once
+	time.Sleep(1500 * time.Millisecond) // past one TTL: renewed at least once
 	if err := le.Err(); err != nil {
 		e.T.Fatalf("lease ended: %v", err)
 	}

@@ -331,8 +331,8 @@ func stressCase(e *Env, sharedPercent, crashPercent int) {
 		modes[g.Mode]++
 	}
 	e.T.Logf("%d grants: %v by mode, %v by worker", len(grants), modes, perWorker)
-	if len(grants) < 50 {
-		e.T.Errorf("only %d grants in %s; the stress did not stress", len(grants), dur)
+	if minGrants := 20; len(grants) < minGrants {
+		e.T.Errorf("only %d grants in %s (want >= %d); the stress did not stress", len(grants), dur, minGrants)
 	}
 	for _, w := range []string{"inproc", "proc0", "proc1"} {
 		if perWorker[w] == 0 {
