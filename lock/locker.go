@@ -419,7 +419,11 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, leaseID string
 			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, context.Cause(ctx))
 		}
 		if err != nil {
-			retryable := l.d.Classify(err) == dialect.ErrorRetryable || errors.Is(err, errNoOutcome)
+			// A statement that ran out of its own time (the statement
+			// timeout, a busy pool) while the caller still waits is
+			// retried like any transient error.
+			retryable := l.d.Classify(err) == dialect.ErrorRetryable || errors.Is(err, errNoOutcome) ||
+				errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 			if !retryable || (!wait && retries >= 2) {
 				l.undo(ctx, key, leaseID)
 				return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
@@ -427,6 +431,15 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, leaseID string
 			retries++
 			l.cfg.logger.Debug("sqlease: acquire retry", "key", key, "mode", mode.String(), "err", err)
 		} else if res.granted {
+			if time.Since(send) > (l.cfg.ttl-l.cfg.margin)/3 {
+				// The grant took long (it waited for locks): its trusted
+				// window, counted from the send, is mostly spent. Renew
+				// once so the caller gets a usable lease (SPEC H1).
+				if err := l.freshen(ctx, &res, &send); err != nil {
+					l.undo(ctx, key, leaseID)
+					return nil, fmt.Errorf("lock: acquire %s %q: renew after a slow grant: %w", mode, key, err)
+				}
+			}
 			l.emit(Event{Kind: EventAcquireGranted, Key: key, Mode: mode, LeaseID: leaseID, Token: res.lease.Token, Wait: time.Since(start)})
 			return l.newLease(key, mode, res, send), nil
 		} else {
@@ -662,6 +675,29 @@ func (l *Locker) undo(ctx context.Context, key, leaseID string) {
 		l.cfg.logger.Warn("sqlease: undo of an abandoned acquire failed; the lease, if granted, ends by expiry", "key", key, "lease_id", leaseID, "err", err)
 	}
 	l.clearMarker(ctx, key, leaseID, true)
+}
+
+// freshen renews a just-granted lease whose grant was slow, moving the send
+// time and expiry in res.
+func (l *Locker) freshen(ctx context.Context, res *acquireResult, send *time.Time) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.renewTimeout)
+	defer cancel()
+	leave, err := l.enter(rctx, l.renewDB)
+	if err != nil {
+		return err
+	}
+	defer leave()
+	t := time.Now()
+	var exp, now int64
+	err = l.renewDB.QueryRowContext(rctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+		"lease_id": res.lease.LeaseID, "token": res.lease.Token, "ttl_us": l.cfg.ttl.Microseconds(),
+	})...).Scan(&exp, &now)
+	if err != nil {
+		return err
+	}
+	*send = t
+	res.lease.Expiry = time.UnixMicro(exp)
+	return nil
 }
 
 // releaseRows runs the Release statement and returns how many holder rows

@@ -1,0 +1,722 @@
+package conformance
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/lock"
+)
+
+// Cases of fenced writes (SPEC F1, F2).
+func init() {
+	register(
+		Case{Name: "F1_FencedTxOnLiveLeaseCommits", Rule: "F1", Run: f1LiveLeaseCommits},
+		Case{Name: "F1_RowLockFenceBlocksTakeoverNotRenewal", Rule: "F1", Needs: dialect.CapRowLockFence, Run: f1RowLockFence},
+		Case{Name: "F1_WriteLockFenceBlocksTakeover", Rule: "F1", Needs: dialect.CapWriteLockFence, Run: f1WriteLockFence},
+		Case{Name: "F2_FenceAfterLeaseDeletedCommitsNothing", Rule: "F2", Run: f2LeaseDeleted},
+		Case{Name: "F2_TakenOverLeaseCannotWrite", Rule: "F2", Run: f2TakenOver},
+		Case{Name: "F2_LossDuringFencedTxRollsBack", Rule: "F2", Run: f2LossDuringTx},
+		Case{Name: "F2_StaleTokenRejectedByGuardedTable", Rule: "F2", Run: f2StaleTokenRejected},
+		Case{Name: "F2_FencedCounterAcrossProcesses", Rule: "F2", Run: f2FencedCounter},
+	)
+}
+
+// errStaleToken: a guarded write found a larger token already stored.
+var errStaleToken = errors.New("guarded write rejected: a larger token is stored")
+
+// queryRower is a *sql.DB, *sql.Tx or *sql.Conn.
+type queryRower interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// guardedTable is a resource protected by fencing tokens: one row (id 1)
+// with a counter n and the last token that wrote it.
+type guardedTable struct {
+	table string
+	d     dialect.Dialect
+}
+
+// createGuarded creates the guarded table (table is a quoted name) with its
+// row at n = 0, last_token = 0.
+func createGuarded(ctx context.Context, db *sql.DB, d dialect.Dialect, table string) (guardedTable, error) {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (id INTEGER PRIMARY KEY, n BIGINT NOT NULL, last_token BIGINT NOT NULL)`); err != nil {
+		return guardedTable{}, err
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO `+table+` (id, n, last_token) VALUES (1, 0, 0)`); err != nil {
+		return guardedTable{}, err
+	}
+	return guardedTable{table: table, d: d}, nil
+}
+
+// newGuarded creates the case-owned guarded table "guarded".
+func newGuarded(e *Env) guardedTable {
+	e.T.Helper()
+	g, err := createGuarded(e.Ctx(), e.DB, e.Dialect, e.Table("guarded"))
+	if err != nil {
+		e.T.Fatalf("create guarded table: %v", err)
+	}
+	return g
+}
+
+// inc increments the counter if no larger token wrote it before (the
+// token pattern: WHERE stored token <= our token), and returns the new n.
+// It returns errStaleToken when the row refused the token.
+func (g guardedTable) inc(ctx context.Context, q queryRower, token int64) (int64, error) {
+	p := g.d.Placeholder(1)
+	var n int64
+	err := q.QueryRowContext(ctx, `UPDATE `+g.table+` SET n = n + 1, last_token = `+p+` WHERE id = 1 AND last_token <= `+p+` RETURNING n`, token).Scan(&n)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, errStaleToken
+	}
+	return n, err
+}
+
+// read returns the counter and the last token.
+func (g guardedTable) read(ctx context.Context, q queryRower) (n, last int64, err error) {
+	err = q.QueryRowContext(ctx, `SELECT n, last_token FROM `+g.table+` WHERE id = 1`).Scan(&n, &last)
+	return n, last, err
+}
+
+// expect fails the case unless the guarded row holds n and last.
+func (g guardedTable) expect(e *Env, what string, n, last int64) {
+	e.T.Helper()
+	gn, gl, err := g.read(e.Ctx(), e.DB)
+	if err != nil {
+		e.T.Fatalf("%s: read guarded row: %v", what, err)
+	}
+	if gn != n || gl != last {
+		e.T.Errorf("%s: guarded row n=%d last_token=%d, want n=%d last_token=%d", what, gn, gl, n, last)
+	}
+}
+
+// incIn returns a RunInTx function that increments the guarded row with
+// lease's token.
+func (g guardedTable) incIn(lease *lock.Lease, called *bool) func(context.Context, *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		if called != nil {
+			*called = true
+		}
+		_, err := g.inc(ctx, tx, lease.Token())
+		return err
+	}
+}
+
+// wantLost fails the case unless err is a *LeaseLostError for lease.
+func wantLost(e *Env, what string, err error, lease *lock.Lease) *lock.LeaseLostError {
+	e.T.Helper()
+	var lle *lock.LeaseLostError
+	if !errors.Is(err, lock.ErrLeaseLost) || !errors.As(err, &lle) {
+		e.T.Errorf("%s: want *LeaseLostError matching ErrLeaseLost, got %v", what, err)
+		return nil
+	}
+	if lle.Token != lease.Token() || lle.LeaseID != lease.LeaseID() {
+		e.T.Errorf("%s: LeaseLostError names token %d lease %q, want %d %q", what, lle.Token, lle.LeaseID, lease.Token(), lease.LeaseID())
+	}
+	return lle
+}
+
+// fenceManually begins a transaction, fences it with lease and returns the
+// fence's error after rolling the transaction back.
+func fenceManually(e *Env, lease *lock.Lease) error {
+	e.T.Helper()
+	tx, err := e.DB.BeginTx(e.Ctx(), nil)
+	if err != nil {
+		e.T.Fatalf("begin: %v", err)
+	}
+	defer tx.Rollback()
+	return lease.Fence(e.Ctx(), tx)
+}
+
+// f1LiveLeaseCommits: a fence on a live lease succeeds, RunInTx commits the
+// function's writes (exclusive and shared leases), a function error rolls
+// back, and the lease stays held.
+func f1LiveLeaseCommits(e *Env) {
+	ctx := e.Ctx()
+	g := newGuarded(e)
+	l := e.NewLocker(nil)
+	x, err := l.TryAcquire(ctx, "f1/live", lock.Exclusive)
+	if err != nil {
+		e.T.Fatalf("acquire: %v", err)
+	}
+	if err := x.RunInTx(ctx, e.DB, nil, g.incIn(x, nil)); err != nil {
+		e.T.Fatalf("RunInTx on a live lease: %v", err)
+	}
+	g.expect(e, "after RunInTx", 1, x.Token())
+	// Fence in the caller's own transaction.
+	tx, err := e.DB.BeginTx(ctx, nil)
+	if err != nil {
+		e.T.Fatalf("begin: %v", err)
+	}
+	if err := x.Fence(ctx, tx); err != nil {
+		_ = tx.Rollback()
+		e.T.Fatalf("Fence on a live lease: %v", err)
+	}
+	if _, err := g.inc(ctx, tx, x.Token()); err != nil {
+		_ = tx.Rollback()
+		e.T.Fatalf("write after fence: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		e.T.Fatalf("commit: %v", err)
+	}
+	g.expect(e, "after Fence+commit", 2, x.Token())
+	// The function's error rolls back and is returned as is.
+	boom := errors.New("boom")
+	err = x.RunInTx(ctx, e.DB, nil, func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := g.inc(ctx, tx, x.Token()); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) || errors.Is(err, lock.ErrLeaseLost) {
+		e.T.Errorf("RunInTx with a failing function: want its error, got %v", err)
+	}
+	g.expect(e, "after a failed function", 2, x.Token())
+	if err := x.Err(); err != nil {
+		e.T.Errorf("lease ended by fenced transactions: %v", err)
+	}
+	if err := x.Release(ctx); err != nil {
+		e.T.Fatalf("release: %v", err)
+	}
+	// Shared leases fence too.
+	var shared []*lock.Lease
+	for i := range 2 {
+		s, err := e.NewLocker(nil).TryAcquire(ctx, "f1/live", lock.Shared)
+		if err != nil {
+			e.T.Fatalf("shared %d: %v", i, err)
+		}
+		defer s.Release(ctx)
+		shared = append(shared, s)
+	}
+	for i, s := range shared {
+		if err := s.RunInTx(ctx, e.DB, nil, g.incIn(s, nil)); err != nil {
+			e.T.Errorf("RunInTx on shared lease %d: %v", i, err)
+		}
+	}
+	g.expect(e, "after shared writes", 4, shared[1].Token())
+}
+
+// f2LeaseDeleted: a lease whose row was deleted underneath (as a takeover
+// or sweep does) cannot fence, though its handle still trusts it; nothing
+// the function wrote commits; the successor writes.
+func f2LeaseDeleted(e *Env) {
+	ctx := e.Ctx()
+	g := newGuarded(e)
+	holders := e.Namespace.Object(e.Dialect, "holders")
+	l, other := e.NewLocker(nil), e.NewLocker(nil)
+	const key = "f2/deleted"
+	x, err := l.TryAcquire(ctx, key, lock.Exclusive)
+	if err != nil {
+		e.T.Fatalf("acquire: %v", err)
+	}
+	if _, err := e.OpenDB().ExecContext(ctx, `DELETE FROM `+holders+` WHERE lease_id = `+e.Dialect.Placeholder(1), x.LeaseID()); err != nil {
+		e.T.Fatalf("delete lease row: %v", err)
+	}
+	// A successor takes the key while the stale handle still trusts it.
+	y, err := other.TryAcquire(ctx, key, lock.Exclusive)
+	if err != nil {
+		e.T.Fatalf("successor after the row was deleted: %v", err)
+	}
+	if x.Err() != nil || x.Remaining() <= 0 {
+		e.T.Fatalf("stale handle already knows (err %v, remaining %s); the case needs it unaware", x.Err(), x.Remaining())
+	}
+	called := false
+	err = x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called))
+	if lle := wantLost(e, "RunInTx after the lease row was deleted", err, x); lle != nil && lle.Reason != lock.LossFenceFailed {
+		e.T.Errorf("loss reason %q, want %q", lle.Reason, lock.LossFenceFailed)
+	}
+	if called {
+		e.T.Errorf("RunInTx ran the function although the fence failed")
+	}
+	g.expect(e, "after the refused fenced write", 0, 0)
+	if err := x.Err(); !errors.Is(err, lock.ErrLeaseLost) {
+		e.T.Errorf("handle after a failed fence: Err() = %v, want ErrLeaseLost (SPEC H3)", err)
+	}
+	select {
+	case <-x.Done():
+	default:
+		e.T.Errorf("handle's context not ended after a failed fence")
+	}
+	wantLost(e, "Fence again", fenceManually(e, x), x)
+	if err := y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)); err != nil {
+		e.T.Fatalf("successor's fenced write: %v", err)
+	}
+	g.expect(e, "after the successor's write", 1, y.Token())
+	// A released lease cannot write either.
+	if err := y.Release(ctx); err != nil {
+		e.T.Fatalf("release: %v", err)
+	}
+	called = false
+	wantLost(e, "RunInTx after Release", y.RunInTx(ctx, e.DB, nil, g.incIn(y, &called)), y)
+	wantLost(e, "Fence after Release", fenceManually(e, y), y)
+	if called {
+		e.T.Errorf("RunInTx ran the function of a released lease")
+	}
+	g.expect(e, "after writes of a released lease", 1, y.Token())
+}
+
+// f2TakenOver: an orphaned lease that expired and was taken over cannot
+// write; its successor can.
+func f2TakenOver(e *Env) {
+	ctx := e.Ctx()
+	g := newGuarded(e)
+	const key = "f2/taken-over"
+	l1 := e.NewLocker(nil, lock.WithTTL(500*time.Millisecond))
+	l2 := e.NewLocker(nil, lock.WithMaxBackoff(20*time.Millisecond))
+	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
+	if err != nil {
+		e.T.Fatalf("acquire: %v", err)
+	}
+	if err := x.RunInTx(ctx, e.DB, nil, g.incIn(x, nil)); err != nil {
+		e.T.Fatalf("write while live: %v", err)
+	}
+	x.Orphan()
+	y, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
+	if err != nil {
+		e.T.Fatalf("takeover: %v", err)
+	}
+	if y.Token() <= x.Token() {
+		e.T.Errorf("successor token %d not above %d", y.Token(), x.Token())
+	}
+	called := false
+	wantLost(e, "RunInTx of the taken-over lease", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x)
+	wantLost(e, "Fence of the taken-over lease", fenceManually(e, x), x)
+	if called {
+		e.T.Errorf("RunInTx ran the function of a taken-over lease")
+	}
+	g.expect(e, "after the taken-over lease tried to write", 1, x.Token())
+	if err := y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)); err != nil {
+		e.T.Fatalf("successor's fenced write: %v", err)
+	}
+	g.expect(e, "after the successor's write", 2, y.Token())
+	_ = y.Release(ctx)
+}
+
+// f2LossDuringTx: the lease is lost while the fenced function runs (its
+// trusted window ends); RunInTx reports the loss and commits nothing.
+func f2LossDuringTx(e *Env) {
+	ctx := e.Ctx()
+	g := newGuarded(e)
+	l := e.NewLocker(nil, lock.WithTTL(time.Second))
+	x, err := l.TryAcquire(ctx, "f2/loss-in-tx", lock.Exclusive)
+	if err != nil {
+		e.T.Fatalf("acquire: %v", err)
+	}
+	x.Orphan()
+	wrote := false
+	err = x.RunInTx(ctx, e.DB, nil, func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := g.inc(ctx, tx, x.Token()); err != nil {
+			return err
+		}
+		wrote = true
+		select {
+		case <-x.Done():
+		case <-time.After(5 * time.Second):
+			return errors.New("lease not lost 5 s after Orphan with a 1 s TTL")
+		}
+		return nil
+	})
+	if !wrote {
+		e.T.Fatalf("fenced function did not write (fence on a live lease failed?): %v", err)
+	}
+	wantLost(e, "RunInTx whose lease was lost before commit", err, x)
+	g.expect(e, "after the lost transaction", 0, 0)
+}
+
+// f2StaleTokenRejectedByGuardedTable: for a resource outside the lock
+// tables (no fence), the token pattern — write only WHERE stored token <=
+// our token — rejects a stale holder's write after a successor wrote.
+func f2StaleTokenRejected(e *Env) {
+	ctx := e.Ctx()
+	g := newGuarded(e)
+	const key = "f2/token"
+	l1 := e.NewLocker(nil, lock.WithTTL(300*time.Millisecond))
+	l2 := e.NewLocker(nil, lock.WithMaxBackoff(20*time.Millisecond))
+	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
+	if err != nil {
+		e.T.Fatalf("acquire: %v", err)
+	}
+	ext := e.OpenDB() // the "other" resource: written without a fence
+	if _, err := g.inc(ctx, ext, x.Token()); err != nil {
+		e.T.Fatalf("first holder's write: %v", err)
+	}
+	x.Orphan() // the first holder pauses and loses the lease
+	y, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
+	if err != nil {
+		e.T.Fatalf("takeover: %v", err)
+	}
+	defer y.Release(ctx)
+	if y.Token() <= x.Token() {
+		e.T.Fatalf("successor token %d not above %d", y.Token(), x.Token())
+	}
+	if _, err := g.inc(ctx, ext, y.Token()); err != nil {
+		e.T.Fatalf("successor's write: %v", err)
+	}
+	// The stale holder wakes up and writes with its old token.
+	if _, err := g.inc(ctx, ext, x.Token()); !errors.Is(err, errStaleToken) {
+		e.T.Errorf("stale holder's write with token %d after token %d: want rejected, got %v", x.Token(), y.Token(), err)
+	}
+	g.expect(e, "after the stale write", 2, y.Token())
+	// The current holder may write again with the same token.
+	if _, err := g.inc(ctx, ext, y.Token()); err != nil {
+		e.T.Errorf("current holder's second write: %v", err)
+	}
+	g.expect(e, "after the current holder's second write", 3, y.Token())
+}
+
+// waitPGBlocked waits until a backend is blocked by pid, and returns it.
+func waitPGBlocked(ctx context.Context, mon *sql.DB, pid int64, until time.Time) (int64, bool) {
+	var waiter int64
+	ok := Eventually(time.Until(until), func() bool {
+		return mon.QueryRowContext(ctx, `SELECT pid FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)) LIMIT 1`, pid).Scan(&waiter) == nil
+	})
+	return waiter, ok
+}
+
+// grantResult is the outcome of an Acquire run in a goroutine, with the
+// time it returned.
+type grantResult struct {
+	lease *lock.Lease
+	err   error
+	at    time.Time
+}
+
+// f1RowLockFence (PostgreSQL): the fence holds the holder row FOR KEY
+// SHARE. Renewal of the same lease is not blocked; a takeover after expiry
+// waits (blocked by the fenced backend) and is granted only after the
+// fenced transaction commits; the fenced write committed; afterwards the
+// old lease cannot write.
+func f1RowLockFence(e *Env) {
+	ctx := e.Ctx()
+	g := newGuarded(e)
+	holders := e.Namespace.Object(e.Dialect, "holders")
+	const (
+		key  = "f1/row-lock"
+		ttl  = 500 * time.Millisecond
+		hold = 2 * time.Second
+	)
+	l1 := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewTimeout(ttl/3), lock.WithOwner("f1-fenced"))
+	// The takeover's grant statement waits for the fence; its trusted
+	// window counts from when it was sent (SPEC H1), so its TTL must
+	// outlast that wait.
+	l2 := e.NewLocker(nil, lock.WithTTL(10*time.Second), lock.WithOwner("f1-takeover"), lock.WithMaxBackoff(20*time.Millisecond))
+	mon := e.OpenDB()
+	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
+	if err != nil {
+		e.T.Fatalf("acquire: %v", err)
+	}
+	tx, err := e.DB.BeginTx(ctx, nil)
+	if err != nil {
+		e.T.Fatalf("begin: %v", err)
+	}
+	defer tx.Rollback()
+	var pid int64
+	if err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		e.T.Fatalf("backend pid: %v", err)
+	}
+	fencedAt := time.Now()
+	if err := x.Fence(ctx, tx); err != nil {
+		e.T.Fatalf("Fence: %v", err)
+	}
+	if _, err := g.inc(ctx, tx, x.Token()); err != nil {
+		e.T.Fatalf("fenced write: %v", err)
+	}
+	// Lock modes the fenced backend holds on the holders table.
+	rows, err := mon.QueryContext(ctx, `SELECT mode, granted FROM pg_locks WHERE pid = $1::int AND locktype = 'relation' AND relation = $2::text::regclass`, pid, holders)
+	if err != nil {
+		e.T.Fatalf("pg_locks: %v", err)
+	}
+	var modes []string
+	for rows.Next() {
+		var m string
+		var granted bool
+		if err := rows.Scan(&m, &granted); err != nil {
+			e.T.Fatalf("pg_locks: %v", err)
+		}
+		modes = append(modes, fmt.Sprintf("%s(granted=%v)", m, granted))
+	}
+	_ = rows.Close()
+	if !slices.Contains(modes, "RowShareLock(granted=true)") {
+		e.T.Errorf("fenced backend's locks on %s: %v, want RowShareLock (SELECT ... FOR KEY SHARE)", holders, modes)
+	}
+	for _, m := range modes {
+		if !strings.HasPrefix(m, "RowShareLock") && !strings.HasPrefix(m, "AccessShareLock") {
+			e.T.Errorf("fenced backend holds %s on %s; a fence should take only a row-share lock", m, holders)
+		}
+	}
+	// Renewal is not blocked by the fence: a renewal statement is bounded
+	// by the renew timeout (TTL/3), so a blocked one would fail every try.
+	before := x.Expiry()
+	var renewErrs []error
+	for try := 0; ; try++ {
+		start := time.Now()
+		err := x.Renew(ctx)
+		took := time.Since(start)
+		if err == nil {
+			if took >= 500*time.Millisecond {
+				e.T.Errorf("renewal took %s during the fenced transaction, want < 500ms (not blocked)", took)
+			}
+			e.T.Logf("renewal during the fenced transaction took %s (%d failed tries before: %v)", took.Round(time.Millisecond), try, renewErrs)
+			break
+		}
+		renewErrs = append(renewErrs, err)
+		if try == 4 || errors.Is(err, lock.ErrLeaseLost) {
+			e.T.Fatalf("renewal during the fenced transaction never succeeded: %v", renewErrs)
+		}
+	}
+	if !x.Expiry().After(before) {
+		e.T.Errorf("renewal did not move the expiry: %v then %v", before, x.Expiry())
+	}
+	// The lease expires underneath the open fenced transaction; a takeover
+	// must wait for it.
+	x.Orphan()
+	done := make(chan grantResult, 1)
+	go func() {
+		le, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
+		done <- grantResult{le, err, time.Now()}
+	}()
+	waiter, ok := waitPGBlocked(ctx, mon, pid, fencedAt.Add(hold-100*time.Millisecond))
+	if !ok {
+		e.T.Errorf("no backend blocked by the fenced transaction within %s: the takeover did not wait for the fence", hold)
+	} else {
+		var waiting int
+		if err := mon.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE pid = $1::int AND NOT granted`, waiter).Scan(&waiting); err != nil {
+			e.T.Fatalf("pg_locks of the waiter: %v", err)
+		}
+		if waiting == 0 {
+			e.T.Errorf("backend %d blocked by the fence has no ungranted lock in pg_locks", waiter)
+		}
+		e.T.Logf("takeover backend %d blocked by fenced backend %d after %s", waiter, pid, time.Since(fencedAt).Round(time.Millisecond))
+	}
+	time.Sleep(time.Until(fencedAt.Add(hold)))
+	select {
+	case r := <-done:
+		e.T.Fatalf("takeover ended while the fenced transaction was open (%s after the fence): %v", r.at.Sub(fencedAt), r.err)
+	default:
+	}
+	commitStart := time.Now()
+	if err := tx.Commit(); err != nil {
+		e.T.Fatalf("commit of the fenced transaction: %v", err)
+	}
+	var r grantResult
+	select {
+	case r = <-done:
+	case <-time.After(5 * time.Second):
+		e.T.Fatalf("takeover not granted 5 s after the fenced transaction committed")
+	}
+	if r.err != nil {
+		e.T.Fatalf("takeover: %v", r.err)
+	}
+	defer r.lease.Release(ctx)
+	if r.at.Before(commitStart) {
+		e.T.Errorf("takeover granted %s before the fenced transaction committed", commitStart.Sub(r.at))
+	}
+	e.T.Logf("takeover granted %s after the fenced commit", r.at.Sub(commitStart).Round(time.Millisecond))
+	if r.lease.Token() <= x.Token() {
+		e.T.Errorf("takeover token %d not above %d", r.lease.Token(), x.Token())
+	}
+	g.expect(e, "fenced write committed", 1, x.Token())
+	called := false
+	wantLost(e, "RunInTx after takeover", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x)
+	if called {
+		e.T.Errorf("RunInTx ran the function of a taken-over lease")
+	}
+	g.expect(e, "after the old lease tried to write", 1, x.Token())
+	if err := r.lease.RunInTx(ctx, e.DB, nil, g.incIn(r.lease, nil)); err != nil {
+		e.T.Fatalf("successor's fenced write: %v", err)
+	}
+	g.expect(e, "after the successor's write", 2, r.lease.Token())
+}
+
+// f1WriteLockFence (SQLite): the fence takes the database write lock, so a
+// takeover of the lease after its expiry cannot commit while the fenced
+// transaction is open.
+func f1WriteLockFence(e *Env) {
+	ctx := e.Ctx()
+	g := newGuarded(e)
+	const (
+		key  = "f1/write-lock"
+		hold = 1500 * time.Millisecond
+	)
+	l1 := e.NewLocker(nil, lock.WithTTL(300*time.Millisecond), lock.WithOwner("f1-fenced"))
+	l2 := e.NewLocker(nil, lock.WithOwner("f1-takeover"), lock.WithMaxBackoff(20*time.Millisecond))
+	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
+	if err != nil {
+		e.T.Fatalf("acquire: %v", err)
+	}
+	tx, err := e.DB.BeginTx(ctx, nil)
+	if err != nil {
+		e.T.Fatalf("begin: %v", err)
+	}
+	defer tx.Rollback()
+	fencedAt := time.Now()
+	if err := x.Fence(ctx, tx); err != nil {
+		e.T.Fatalf("Fence: %v", err)
+	}
+	if _, err := g.inc(ctx, tx, x.Token()); err != nil {
+		e.T.Fatalf("fenced write: %v", err)
+	}
+	x.Orphan()
+	done := make(chan grantResult, 1)
+	go func() {
+		le, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
+		done <- grantResult{le, err, time.Now()}
+	}()
+	time.Sleep(time.Until(fencedAt.Add(hold))) // five TTLs: long expired
+	select {
+	case r := <-done:
+		e.T.Fatalf("takeover ended while the fenced transaction was open (%s after the fence): %v", r.at.Sub(fencedAt), r.err)
+	default:
+	}
+	commitStart := time.Now()
+	if err := tx.Commit(); err != nil {
+		e.T.Fatalf("commit of the fenced transaction: %v", err)
+	}
+	var r grantResult
+	select {
+	case r = <-done:
+	case <-time.After(5 * time.Second):
+		e.T.Fatalf("takeover not granted 5 s after the fenced transaction committed")
+	}
+	if r.err != nil {
+		e.T.Fatalf("takeover: %v", r.err)
+	}
+	defer r.lease.Release(ctx)
+	if r.at.Before(commitStart) {
+		e.T.Errorf("takeover granted %s before the fenced transaction committed", commitStart.Sub(r.at))
+	}
+	e.T.Logf("takeover granted %s after the fenced commit", r.at.Sub(commitStart).Round(time.Millisecond))
+	if r.lease.Token() <= x.Token() {
+		e.T.Errorf("takeover token %d not above %d", r.lease.Token(), x.Token())
+	}
+	g.expect(e, "fenced write committed", 1, x.Token())
+	called := false
+	wantLost(e, "RunInTx after takeover", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x)
+	if called {
+		e.T.Errorf("RunInTx ran the function of a taken-over lease")
+	}
+	if err := r.lease.RunInTx(ctx, e.DB, nil, g.incIn(r.lease, nil)); err != nil {
+		e.T.Fatalf("successor's fenced write: %v", err)
+	}
+	g.expect(e, "after the successor's write", 2, r.lease.Token())
+}
+
+// f2FencedCounter: holders in this process and two children increment a
+// guarded counter only through fenced transactions while leases expire
+// underneath them (short TTL, orphaned leases that keep writing, pauses
+// inside the fenced transaction). Every increment RunInTx reported is in
+// the log and in the counter, nothing else is, tokens never go back in
+// commit order, and the token guard never had to refuse a fenced write.
+func f2FencedCounter(e *Env) {
+	ctx := e.Ctx()
+	g := newGuarded(e)
+	logTable, report := e.Table("fenced_log"), e.Table("fenced_report")
+	if err := createFencedCounterTables(ctx, e.DB, logTable, report); err != nil {
+		e.T.Fatalf("create tables: %v", err)
+	}
+	dur := 4 * time.Second
+	if e.Config.Short {
+		dur = 2 * time.Second
+	}
+	base := StressSpec{
+		Role: "f2-counter", Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace,
+		LogTable: logTable, Duration: dur, TTL: 300 * time.Millisecond, WaitTimeout: 3 * time.Second,
+		Extra: map[string]string{"guarded": g.table, "report": report},
+	}
+	childSpec := base
+	childSpec.Workers = 2
+	wait := SpawnChildren(e, 2, childSpec)
+	spec := base
+	spec.Worker, spec.Workers = "inproc", 3
+	err := runFencedCounterWorkers(ctx, e.OpenDB(), e.Dialect, spec, e.Config.NewLocker)
+	if cerr := wait(); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	if err != nil {
+		e.T.Fatalf("fenced counter workers: %v", err)
+	}
+	// What the workers say they did.
+	type tally struct{ ok, lost, stale, grants, orphans int64 }
+	rows, err := e.DB.QueryContext(ctx, `SELECT worker, ok, lost, stale, grants, orphans FROM `+report)
+	if err != nil {
+		e.T.Fatalf("read report: %v", err)
+	}
+	perWorker := map[string]tally{}
+	var total tally
+	for rows.Next() {
+		var w string
+		var t tally
+		if err := rows.Scan(&w, &t.ok, &t.lost, &t.stale, &t.grants, &t.orphans); err != nil {
+			e.T.Fatalf("read report: %v", err)
+		}
+		perWorker[w] = t
+		total.ok += t.ok
+		total.lost += t.lost
+		total.stale += t.stale
+		total.grants += t.grants
+		total.orphans += t.orphans
+	}
+	_ = rows.Close()
+	if len(perWorker) != 3+2*2 {
+		e.T.Errorf("%d workers reported, want %d: %v", len(perWorker), 3+2*2, perWorker)
+	}
+	e.T.Logf("%d grants, %d orphaned; %d fenced increments committed, %d refused as lost, %d refused by the token guard; per worker %v",
+		total.grants, total.orphans, total.ok, total.lost, total.stale, perWorker)
+	// What the database holds.
+	rows, err = e.DB.QueryContext(ctx, `SELECT n, token, worker FROM `+logTable+` ORDER BY n`)
+	if err != nil {
+		e.T.Fatalf("read log: %v", err)
+	}
+	logged := map[string]int64{}
+	var count, prevToken int64
+	var bad []string
+	for rows.Next() {
+		var n, token int64
+		var w string
+		if err := rows.Scan(&n, &token, &w); err != nil {
+			e.T.Fatalf("read log: %v", err)
+		}
+		count++
+		logged[w]++
+		if n != count {
+			bad = append(bad, fmt.Sprintf("increment #%d logged as n=%d", count, n))
+		}
+		if token < prevToken {
+			bad = append(bad, fmt.Sprintf("n=%d committed with token %d after token %d", n, token, prevToken))
+		}
+		prevToken = token
+	}
+	_ = rows.Close()
+	for i, b := range bad {
+		if i == 20 {
+			break
+		}
+		e.T.Errorf("%s", b)
+	}
+	n, last, err := g.read(ctx, e.DB)
+	if err != nil {
+		e.T.Fatalf("read counter: %v", err)
+	}
+	if n != count || n != total.ok {
+		e.T.Errorf("counter %d, log rows %d, increments reported committed %d: want all equal", n, count, total.ok)
+	}
+	if count > 0 && last != prevToken {
+		e.T.Errorf("counter's last token %d, last logged token %d", last, prevToken)
+	}
+	for w, t := range perWorker {
+		if logged[w] != t.ok {
+			e.T.Errorf("worker %s: RunInTx succeeded %d times, %d of its increments committed", w, t.ok, logged[w])
+		}
+	}
+	if total.stale != 0 {
+		e.T.Errorf("the token guard refused %d fenced writes: a fence let a stale lease reach the resource", total.stale)
+	}
+	if total.ok < 10 || total.orphans == 0 || total.lost == 0 {
+		e.T.Errorf("the case did not exercise enough: %d increments, %d orphaned leases, %d lost writes", total.ok, total.orphans, total.lost)
+	}
+}
