@@ -25,12 +25,14 @@ const (
 // background until Release or loss (SPEC H2). Its methods are safe for
 // concurrent use.
 type Lease struct {
-	l     *Locker
-	key   string
-	mode  Mode
-	id    string
-	owner string
-	token int64
+	l    *Locker
+	key  string
+	mode Mode
+	id   string
+	// activeID is this lease's entry in Locker.active (W4).
+	activeID string
+	owner    string
+	token    int64
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -51,9 +53,9 @@ type Lease struct {
 	heapIndex int
 }
 
-func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Time) *Lease {
+func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Time, activeID string) *Lease {
 	le := &Lease{
-		l: l, key: key, mode: mode, id: res.lease.LeaseID, owner: res.lease.Owner, token: res.lease.Token,
+		l: l, key: key, mode: mode, id: res.lease.LeaseID, activeID: activeID, owner: res.lease.Owner, token: res.lease.Token,
 		expiry: res.lease.Expiry, lastSend: send, trustedUntil: send.Add(l.cfg.ttl - l.cfg.margin),
 	}
 	le.ctx, le.cancel = context.WithCancelCause(context.Background())
@@ -143,7 +145,7 @@ func (le *Lease) lose(reason LossReason, err error) error {
 	le.cancel(lost)
 	le.stopRenewal()
 	le.watchdog.Stop()
-	le.l.forget(le.key, le.id)
+	le.l.forget(le.key, le.activeID)
 	le.l.emit(Event{Kind: EventLeaseLost, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Reason: reason, Err: err})
 	le.l.cfg.logger.Warn("sqlease: lease lost", "key", le.key, "lease_id", le.id, "token", le.token, "reason", string(reason), "err", err)
 	return lost
@@ -296,7 +298,7 @@ func (le *Lease) Release(ctx context.Context) error {
 	le.mu.Lock()
 	le.released = true
 	le.mu.Unlock()
-	l.forget(le.key, le.id)
+	l.forget(le.key, le.activeID)
 	l.mu.Lock()
 	delete(l.leases, le)
 	l.mu.Unlock()

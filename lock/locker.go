@@ -18,10 +18,13 @@ import (
 	"context"
 	crand "crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 
@@ -390,7 +393,10 @@ type acquireResult struct {
 	holders []Holder
 }
 
-func (l *Locker) poll(ctx context.Context, key string, mode Mode, leaseID string, wait bool, ac acquireConfig) (*Lease, error) {
+func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID string, wait bool, ac acquireConfig) (*Lease, error) {
+	// The lease ID starts as the acquire's ID in l.active; it changes after
+	// an attempt whose outcome is unknown (that attempt is undone first).
+	leaseID := activeID
 	start := time.Now()
 	var deadline time.Time
 	if wait && ac.waitSet {
@@ -430,6 +436,12 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, leaseID string
 			}
 			retries++
 			l.cfg.logger.Debug("sqlease: acquire retry", "key", key, "mode", mode.String(), "err", err)
+			if uncertain(err) {
+				// The attempt may have committed: undo it and go on under
+				// a new lease ID, so a grant we never saw cannot block us.
+				l.undo(ctx, key, leaseID)
+				leaseID, markerAt = newID(), time.Time{}
+			}
 		} else if res.granted {
 			if time.Since(send) > (l.cfg.ttl-l.cfg.margin)/3 {
 				// The grant took long (it waited for locks): its trusted
@@ -441,7 +453,7 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, leaseID string
 				}
 			}
 			l.emit(Event{Kind: EventAcquireGranted, Key: key, Mode: mode, LeaseID: leaseID, Token: res.lease.Token, Wait: time.Since(start)})
-			return l.newLease(key, mode, res, send), nil
+			return l.newLease(key, mode, res, send, activeID), nil
 		} else {
 			last = res.holders
 			mine := false
@@ -675,6 +687,14 @@ func (l *Locker) undo(ctx context.Context, key, leaseID string) {
 		l.cfg.logger.Warn("sqlease: undo of an abandoned acquire failed; the lease, if granted, ends by expiry", "key", key, "lease_id", leaseID, "err", err)
 	}
 	l.clearMarker(ctx, key, leaseID, true)
+}
+
+// uncertain reports whether a failed statement may still have taken effect
+// (its reply was lost: timeout, cancellation, dropped connection).
+func uncertain(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne)
 }
 
 // freshen renews a just-granted lease whose grant was slow, moving the send
