@@ -447,9 +447,10 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID strin
 				// The grant took long (it waited for locks): its trusted
 				// window, counted from the send, is mostly spent. Renew
 				// once so the caller gets a usable lease (SPEC H1).
+				// Best effort: on failure the lease keeps its short window
+				// and the renewer retries as usual.
 				if err := l.freshen(ctx, &res, &send); err != nil {
-					l.undo(ctx, key, leaseID)
-					return nil, fmt.Errorf("lock: acquire %s %q: renew after a slow grant: %w", mode, key, err)
+					l.cfg.logger.Debug("sqlease: renewal after a slow grant failed", "key", key, "lease_id", leaseID, "err", err)
 				}
 			}
 			l.emit(Event{Kind: EventAcquireGranted, Key: key, Mode: mode, LeaseID: leaseID, Token: res.lease.Token, Wait: time.Since(start)})
