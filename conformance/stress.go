@@ -138,7 +138,7 @@ func RunStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 					errs <- fmt.Errorf("acquire: %w", err)
 					return
 				}
-				acquired := lease.Expiry().Add(-spec.TTL).UnixMicro()
+				acquired := lease.GrantedAt().UnixMicro()
 				time.Sleep(time.Duration(rand.Int64N(int64(spec.Hold) + 1)))
 				var released int64
 				if rand.IntN(100) < spec.CrashPercent {

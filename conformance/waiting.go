@@ -550,7 +550,7 @@ func runW1StressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec
 				errs <- fmt.Errorf("%s: acquire: %w", name, err)
 				return
 			}
-			acquired := lease.Expiry().Add(-spec.TTL).UnixMicro()
+			acquired := lease.GrantedAt().UnixMicro()
 			time.Sleep(time.Duration(rand.Int64N(int64(spec.Hold) + 1)))
 			_, now, err := l.Holders(ctx, key)
 			if err != nil {

@@ -43,6 +43,7 @@ type Lease struct {
 	state        leaseState
 	released     bool // a release deleted the row or found it gone
 	expiry       time.Time
+	grantedAt    time.Time // database time of the grant
 	lastSend     time.Time // local monotonic send time of the last successful acquire/renew
 	trustedUntil time.Time
 
@@ -56,7 +57,7 @@ type Lease struct {
 func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Time, activeID string) *Lease {
 	le := &Lease{
 		l: l, key: key, mode: mode, id: res.lease.LeaseID, activeID: activeID, owner: res.lease.Owner, token: res.lease.Token,
-		expiry: res.lease.Expiry, lastSend: send, trustedUntil: send.Add(l.cfg.ttl - l.cfg.margin),
+		expiry: res.lease.Expiry, grantedAt: res.grantedAt, lastSend: send, trustedUntil: send.Add(l.cfg.ttl - l.cfg.margin),
 	}
 	le.ctx, le.cancel = context.WithCancelCause(context.Background())
 	// checkWindow takes le.mu first, so it cannot see le.watchdog unset.
@@ -94,6 +95,10 @@ func (le *Lease) Expiry() time.Time {
 	defer le.mu.Unlock()
 	return le.expiry
 }
+
+// GrantedAt returns the database time at which the lease was granted (its
+// expiry at the grant minus the TTL; SPEC S2).
+func (le *Lease) GrantedAt() time.Time { return le.grantedAt }
 
 // Remaining returns how much longer the holder may trust the lease, by the
 // local monotonic clock: send time of the last successful acquire or renew,

@@ -100,14 +100,6 @@ type Locker struct {
 
 	sweepStop chan struct{}
 	sweepDone chan struct{}
-
-	// notification listener state (wake.go)
-	lmu       sync.Mutex
-	lwaiters  int
-	lcancel   context.CancelFunc
-	ldone     chan struct{}
-	lstop     *time.Timer
-	listening bool
 }
 
 type statements struct {
@@ -387,10 +379,11 @@ const acquireCancelGrace = 250 * time.Millisecond
 var errNoOutcome = errors.New("acquire neither granted nor reported holders")
 
 type acquireResult struct {
-	granted bool
-	lease   Holder
-	now     time.Time
-	holders []Holder
+	granted   bool
+	grantedAt time.Time
+	lease     Holder
+	now       time.Time
+	holders   []Holder
 }
 
 func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID string, wait bool, ac acquireConfig) (*Lease, error) {
@@ -587,7 +580,7 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 				if h.LeaseID != leaseID {
 					return fmt.Errorf("lock: dialect %q granted lease %q, asked for %q", l.d.Name(), h.LeaseID, leaseID)
 				}
-				res.granted, res.lease = true, h
+				res.granted, res.lease, res.grantedAt = true, h, h.Expiry.Add(-l.cfg.ttl)
 			} else {
 				res.holders = append(res.holders, h)
 			}
@@ -871,7 +864,6 @@ func (l *Locker) Close(ctx context.Context) error {
 		defer func() { <-l.sweepDone }()
 	}
 	l.closed = true
-	defer l.stopListener()
 	leases := make([]*Lease, 0, len(l.leases))
 	for le := range l.leases {
 		leases = append(leases, le)

@@ -2,7 +2,9 @@ package lock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -11,10 +13,10 @@ import (
 
 // Push wake-ups. A release through any Locker of this process wakes the
 // waiters of its key in the same namespace at once (in-process hub). On a
-// dialect with CapNotify, each Locker that has waiters keeps one listening
-// connection, and releases from other processes wake its waiters too.
-// Polling stays the fallback: a missed wake-up costs at most one backoff
-// step.
+// dialect with CapNotify, each pool (*sql.DB) with waiters keeps one
+// listening connection per namespace, shared by all its Lockers, and
+// releases from other processes wake its waiters too. Polling stays the
+// fallback: a missed wake-up costs at most one backoff step.
 
 type hubKey struct{ channel, key string }
 
@@ -56,109 +58,97 @@ func hubWake(channel, key string) {
 	}
 }
 
-// listenGrace is how long a Locker keeps its listening connection after its
-// last waiter left.
-const listenGrace = 2 * time.Second
-
-// notifyActive reports whether the Locker's listener is up, so waiters may
-// poll less often.
-func (l *Locker) notifyActive() bool {
-	l.lmu.Lock()
-	defer l.lmu.Unlock()
-	return l.listening
+// listener is one listening connection of a pool for a namespace.
+type listener struct {
+	waiters   int
+	cancel    context.CancelFunc
+	done      chan struct{}
+	listening bool
 }
 
-// waitStart registers a waiter for key: in the hub, and (CapNotify) with the
-// Locker's listener, which it starts if needed.
+type listenerKey struct {
+	db      *sql.DB
+	channel string
+}
+
+var listeners = struct {
+	sync.Mutex
+	m map[listenerKey]*listener
+}{m: map[listenerKey]*listener{}}
+
+// notifyActive reports whether a listener for the Locker's pool and
+// namespace is up, so waiters may poll less often.
+func (l *Locker) notifyActive() bool {
+	listeners.Lock()
+	defer listeners.Unlock()
+	ln := listeners.m[listenerKey{l.db, l.cfg.ns.Channel()}]
+	return ln != nil && ln.listening
+}
+
+// waitStart registers a waiter for key in the hub and, with CapNotify, with
+// the pool's listener, starting it if needed. The returned func undoes
+// both; the last waiter out stops the listener.
 func (l *Locker) waitStart(key string) (<-chan struct{}, func()) {
-	ch, remove := hubAdd(l.cfg.ns.Channel(), key)
-	ln, ok := l.d.(dialect.Listener)
+	channel := l.cfg.ns.Channel()
+	ch, remove := hubAdd(channel, key)
+	dl, ok := l.d.(dialect.Listener)
 	if !ok || !l.d.Capabilities().Has(dialect.CapNotify) {
 		return ch, remove
 	}
-	l.lmu.Lock()
-	l.lwaiters++
-	if l.lstop != nil {
-		l.lstop.Stop() // cancel a pending shutdown
-		l.lstop = nil
-	}
-	if l.lcancel == nil {
+	k := listenerKey{l.db, channel}
+	listeners.Lock()
+	ln := listeners.m[k]
+	if ln == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		l.lcancel = cancel
-		done := make(chan struct{})
-		l.ldone = done
-		go l.listen(ctx, ln, done)
+		ln = &listener{cancel: cancel, done: make(chan struct{})}
+		listeners.m[k] = ln
+		go ln.run(ctx, l.db, dl, channel, l.cfg.logger)
 	}
-	l.lmu.Unlock()
+	ln.waiters++
+	listeners.Unlock()
 	return ch, func() {
 		remove()
-		l.lmu.Lock()
-		defer l.lmu.Unlock()
-		l.lwaiters--
-		if l.lwaiters == 0 && l.lcancel != nil {
-			cancel := l.lcancel
-			l.lstop = time.AfterFunc(listenGrace, func() {
-				l.lmu.Lock()
-				defer l.lmu.Unlock()
-				if l.lwaiters == 0 && l.lcancel != nil {
-					l.lcancel = nil
-					cancel()
-				}
-			})
+		listeners.Lock()
+		ln.waiters--
+		last := ln.waiters == 0
+		if last {
+			delete(listeners.m, k)
+		}
+		listeners.Unlock()
+		if last {
+			ln.cancel()
+			<-ln.done
 		}
 	}
 }
 
-// listen keeps a listening connection until ctx ends, reconnecting after
+// run keeps a listening connection until ctx ends, reconnecting after
 // failures with a pause.
-func (l *Locker) listen(ctx context.Context, ln dialect.Listener, done chan struct{}) {
-	defer close(done)
-	channel := l.cfg.ns.Channel()
+func (ln *listener) run(ctx context.Context, db *sql.DB, dl dialect.Listener, channel string, logger *slog.Logger) {
+	defer close(ln.done)
+	setListening := func(v bool) {
+		listeners.Lock()
+		ln.listening = v
+		listeners.Unlock()
+	}
 	for ctx.Err() == nil {
-		conn, err := l.db.Conn(ctx)
+		conn, err := db.Conn(ctx)
 		if err == nil {
-			err = ln.Listen(ctx, conn, channel, func(key string) {
-				l.lmu.Lock()
-				l.listening = true
-				l.lmu.Unlock()
-				hubWake(channel, key)
-			}, func() {
-				l.lmu.Lock()
-				l.listening = true
-				l.lmu.Unlock()
-			})
+			err = dl.Listen(ctx, conn, channel, func(key string) { hubWake(channel, key) }, func() { setListening(true) })
 			_ = conn.Close()
 		}
-		l.lmu.Lock()
-		l.listening = false
-		l.lmu.Unlock()
+		setListening(false)
 		if errors.Is(err, errors.ErrUnsupported) {
-			l.cfg.logger.Debug("sqlease: driver cannot receive notifications; waiters poll", "err", err)
+			logger.Debug("sqlease: driver cannot receive notifications; waiters poll", "err", err)
 			<-ctx.Done()
 			return
 		}
 		if ctx.Err() == nil {
-			l.cfg.logger.Debug("sqlease: notification listener failed; waiters poll until it is back", "err", err)
+			logger.Debug("sqlease: notification listener failed; waiters poll until it is back", "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
 			}
 		}
-	}
-}
-
-// stopListener stops the listener (Close).
-func (l *Locker) stopListener() {
-	l.lmu.Lock()
-	cancel, done := l.lcancel, l.ldone
-	l.lcancel = nil
-	if l.lstop != nil {
-		l.lstop.Stop()
-		l.lstop = nil
-	}
-	l.lmu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
 	}
 }
