@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	crand "crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers driver "pgx"
+	_ "github.com/mattn/go-sqlite3"    // registers driver "sqlite3"
+
+	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/dialect/pgdialect"
+	"github.com/sqlease/sqlease/dialect/sqlitedialect"
+	"github.com/sqlease/sqlease/internal/faultdb"
+	"github.com/sqlease/sqlease/lock"
+	"github.com/sqlease/sqlease/migrate"
+)
+
+// config is the run's settings, from the flags.
+type config struct {
+	dsn      string // PostgreSQL DSN; empty: SQLite temp file
+	jsonPath string
+	rounds   int
+	duration time.Duration
+	quick    bool
+
+	// Sizes of single figures (set from quick).
+	handoffSamples int           // handoff samples per round and path
+	waiterHold     time.Duration // how long the holder holds in the waiter-load figure
+	batchLeases    int           // leases held in the batch-renewal figure
+	walPolls       int           // failed polls per round in the WAL figure
+
+	// Batch-renewal set-up (flags).
+	batchTTL     time.Duration // TTL of the batch's leases
+	batchRenewDB bool          // SQLite: renew them through a separate pool
+}
+
+// env is one prepared database: the lock tables migrated into a fresh
+// namespace, and a plain pool.
+type env struct {
+	cfg     config
+	dialect string // "postgres" or "sqlite"
+	d       dialect.Dialect
+	driver  string // database/sql driver name
+	dsn     string
+	schema  string // PostgreSQL: the fresh schema; SQLite: ""
+	dir     string // SQLite: the temp directory
+	ns      dialect.Namespace
+	db      *sql.DB
+	quiet   *slog.Logger
+	// machine describes where the run happened, for the report header.
+	machine string
+}
+
+// isPG reports whether the run is on PostgreSQL.
+func (e *env) isPG() bool { return e.dialect == pgdialect.Name }
+
+// setup opens the database and migrates the lock tables into a fresh
+// schema (PostgreSQL) or a new temp file (SQLite).
+func setup(ctx context.Context, cfg config) (*env, error) {
+	e := &env{cfg: cfg, quiet: quietLogger()}
+	if cfg.dsn == "" {
+		dir, err := os.MkdirTemp("", "sqlease-bench-")
+		if err != nil {
+			return nil, err
+		}
+		e.dialect, e.d, e.driver, e.dir = sqlitedialect.Name, sqlitedialect.New(), "sqlite3", dir
+		e.dsn = sqliteDSN(filepath.Join(dir, "bench.db"))
+	} else {
+		if !strings.HasPrefix(cfg.dsn, "postgres://") && !strings.HasPrefix(cfg.dsn, "postgresql://") {
+			return nil, fmt.Errorf("--dsn must be a postgres:// URL (SQLite runs on a temp file without --dsn)")
+		}
+		e.dialect, e.d, e.driver, e.dsn = pgdialect.Name, pgdialect.New(), "pgx", cfg.dsn
+		e.schema = "sqlease_bench_" + randHex(5)
+		e.ns = dialect.Namespace{Schema: e.schema}
+	}
+	db, err := e.open(e.dsn)
+	if err != nil {
+		e.close()
+		return nil, err
+	}
+	e.db = db
+	if _, err := migrate.Up(ctx, db, e.d, migrate.WithNamespace(e.ns)); err != nil {
+		e.close()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	e.machine = e.describe(ctx)
+	return e, nil
+}
+
+// sqliteDSN is the DSN of the bench's SQLite file: WAL journal and a 10 s
+// busy timeout, as the library recommends (synchronous stays the driver's
+// default, NORMAL).
+func sqliteDSN(path string) string {
+	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000"
+}
+
+// open opens a pool on dsn (see sizePool).
+func (e *env) open(dsn string) (*sql.DB, error) {
+	db, err := sql.Open(e.driver, dsn)
+	if err != nil {
+		return nil, err
+	}
+	sizePool(db)
+	return db, nil
+}
+
+// sizePool keeps enough idle connections for 8 clients plus renewals and
+// a listener, and lets them go after half a minute idle: the PostgreSQL
+// server is shared with other users (max_connections).
+func sizePool(db *sql.DB) {
+	db.SetMaxIdleConns(12)
+	db.SetMaxOpenConns(40)
+	db.SetConnMaxIdleTime(30 * time.Second)
+}
+
+// openCounting opens a pool on dsn whose statements an Injector counts.
+func (e *env) openCounting(dsn string) (*sql.DB, *faultdb.Injector, error) {
+	raw, err := sql.Open(e.driver, dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := faultdb.DSNConnector(raw.Driver(), dsn)
+	_ = raw.Close()
+	if err != nil {
+		return nil, nil, err
+	}
+	inj := faultdb.New()
+	db := sql.OpenDB(inj.Connector(conn))
+	sizePool(db)
+	return db, inj, nil
+}
+
+// fastDSN is a PostgreSQL DSN whose commits do not wait for the disk
+// (synchronous_commit=off), for setting up many leases quickly where
+// durability is not what is measured.
+func (e *env) fastDSN() string {
+	sep := "?"
+	if strings.Contains(e.dsn, "?") {
+		sep = "&"
+	}
+	return e.dsn + sep + "synchronous_commit=off"
+}
+
+// newLocker builds a Locker on db in the bench namespace with a silent
+// logger.
+func (e *env) newLocker(ctx context.Context, db *sql.DB, opts ...lock.Option) (*lock.Locker, error) {
+	base := []lock.Option{lock.WithSchema(e.ns.Schema), lock.WithLogger(e.quiet)}
+	return lock.New(ctx, db, e.d, append(base, opts...)...)
+}
+
+// quietLogger discards everything: the bench's Lockers log expected events
+// (orphaned leases ending, waiters giving up) that would clutter the
+// report.
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// closeLocker closes l with a bounded context.
+func closeLocker(l *lock.Locker) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = l.Close(ctx)
+}
+
+// table returns the quoted name of a baseline table in the bench namespace.
+func (e *env) table(name string) string {
+	if e.schema != "" {
+		return e.d.QuoteIdent(e.schema) + "." + e.d.QuoteIdent(name)
+	}
+	return e.d.QuoteIdent(name)
+}
+
+// describe returns the machine and database settings for the report.
+func (e *env) describe(ctx context.Context) string {
+	s := fmt.Sprintf("%s/%s, %d CPUs (GOMAXPROCS %d), %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
+	q := func(query string) string {
+		var v string
+		if err := e.db.QueryRowContext(ctx, query).Scan(&v); err != nil {
+			return "?"
+		}
+		return v
+	}
+	if e.isPG() {
+		return s + fmt.Sprintf("; PostgreSQL %s, fsync=%s, synchronous_commit=%s, wal_level=%s", q("SHOW server_version"), q("SHOW fsync"), q("SHOW synchronous_commit"), q("SHOW wal_level"))
+	}
+	sync := map[string]string{"0": "OFF", "1": "NORMAL", "2": "FULL", "3": "EXTRA"}[q("PRAGMA synchronous")]
+	return s + fmt.Sprintf("; SQLite %s (mattn/go-sqlite3), journal_mode=%s, synchronous=%s", q("SELECT sqlite_version()"), q("PRAGMA journal_mode"), sync)
+}
+
+// revision names the engine version measured: the git commit of the
+// working tree, marked "+dirty" when lock/, dialect/ or migrate/ have
+// uncommitted changes other than tests ("unknown" outside a git
+// checkout). go run does not stamp binaries with VCS information, so git
+// is asked.
+func revision() string {
+	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	rev := strings.TrimSpace(string(out))
+	st, err := exec.Command("git", "status", "--porcelain", "--", "lock", "dialect", "migrate").Output()
+	if err != nil {
+		return rev
+	}
+	for _, line := range strings.Split(string(st), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasSuffix(line, "_test.go") {
+			return rev + "+dirty"
+		}
+	}
+	return rev
+}
+
+// close drops the bench schema (PostgreSQL) or removes the temp file
+// (SQLite).
+func (e *env) close() {
+	if e.db != nil && e.schema != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := e.db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+e.d.QuoteIdent(e.schema)+" CASCADE"); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: drop schema %s: %v\n", e.schema, err)
+		}
+	}
+	if e.db != nil {
+		_ = e.db.Close()
+	}
+	if e.dir != "" {
+		_ = os.RemoveAll(e.dir)
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = crand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/sqlease/sqlease/lock"
+)
+
+// Uncontended throughput: every client repeatedly acquires (TryAcquire)
+// and releases its own key, so nothing ever waits for another client's
+// lease; what is measured is the cost of the statements and their commits.
+
+// sqleaseWorkload is TryAcquire + Release on per-client keys prefix<client>.
+func sqleaseWorkload(l *lock.Locker, prefix string, mode lock.Mode) workload {
+	return workload{name: "sqlease", op: func(ctx context.Context, c int) error {
+		le, err := l.TryAcquire(ctx, prefix+strconv.Itoa(c), mode)
+		if err != nil {
+			return err
+		}
+		return le.Release(ctx)
+	}}
+}
+
+// throughputFigures turns interleaved series into figures: ops/s against
+// every baseline (the target applies against "raw"), then p50 and p99
+// latency against raw.
+func throughputFigures(e *env, name string, res map[string]*series, baselines []string, want target) []Figure {
+	s := res["sqlease"]
+	var out []Figure
+	for _, b := range baselines {
+		t := info
+		if b == "raw" {
+			t = want
+		}
+		f := figure(name+".ops", e.dialect, s.median(), "ops/s", base(b, res[b].median()), t)
+		f.Rounds = s.rounds
+		f.Note = "median of per-round ops/s; baseline rounds " + fmt.Sprint(roundInts(res[b].rounds))
+		out = append(out, f)
+	}
+	ref := "raw"
+	if res[ref] == nil {
+		ref = baselines[0]
+	}
+	for _, p := range []float64{50, 99} {
+		out = append(out, figure(fmt.Sprintf("%s.p%.0f", name, p), e.dialect, ms(s.pct(p)), "ms", base(ref, ms(res[ref].pct(p))), info))
+	}
+	return out
+}
+
+func roundInts(xs []float64) []int {
+	out := make([]int, len(xs))
+	for i, x := range xs {
+		out[i] = int(x + 0.5)
+	}
+	return out
+}
+
+// figExclusive: uncontended exclusive acquire+release with clients clients
+// on distinct keys, against the raw lease, and on PostgreSQL also against
+// raw+notify (the raw lease whose delete notifies, as sqlease's release
+// does), advisory locks and goose's table locker.
+// Targets: PostgreSQL >= 0.9x raw with 1 client, >= 0.8x with 8; SQLite
+// >= 0.7x raw.
+func figExclusive(ctx context.Context, e *env, clients int) ([]Figure, error) {
+	name := fmt.Sprintf("exclusive.%dc", clients)
+	l, err := e.newLocker(ctx, e.db)
+	if err != nil {
+		return nil, err
+	}
+	defer closeLocker(l)
+	raw, err := newRawLease(ctx, e, e.db, "raw_x"+strconv.Itoa(clients))
+	if err != nil {
+		return nil, err
+	}
+	ws := []workload{sqleaseWorkload(l, "bench/x/", lock.Exclusive), raw.workload("raw", "bench/x/", false)}
+	baselines := []string{"raw"}
+	want := ratioAtLeast(0.7)
+	if e.isPG() {
+		want = ratioAtLeast(0.9)
+		if clients > 1 {
+			want = ratioAtLeast(0.8)
+		}
+		adv, err := advisoryWorkload(ctx, e.db, clients, 1_000_000*int64(clients), false)
+		if err != nil {
+			return nil, err
+		}
+		goose, err := gooseWorkload(e, clients)
+		if err != nil {
+			adv.close()
+			return nil, err
+		}
+		ws = append(ws, raw.workload("raw+notify", "bench/xn/", true), adv, goose)
+		baselines = append(baselines, "raw+notify", "advisory", "goose")
+	}
+	res, err := interleave(ctx, e.cfg.rounds, clients, e.cfg.duration, ws)
+	if err != nil {
+		return nil, err
+	}
+	return throughputFigures(e, name, res, baselines, want), nil
+}
+
+// figShared: uncontended shared acquire+release, clients clients on
+// distinct keys, against the raw lease (which has only one mode) and, on
+// PostgreSQL, shared advisory locks. Targets: PostgreSQL >= 0.8x raw,
+// SQLite >= 0.7x raw.
+func figShared(ctx context.Context, e *env, clients int) ([]Figure, error) {
+	name := fmt.Sprintf("shared.%dc", clients)
+	l, err := e.newLocker(ctx, e.db)
+	if err != nil {
+		return nil, err
+	}
+	defer closeLocker(l)
+	raw, err := newRawLease(ctx, e, e.db, "raw_s"+strconv.Itoa(clients))
+	if err != nil {
+		return nil, err
+	}
+	ws := []workload{sqleaseWorkload(l, "bench/s/", lock.Shared), raw.workload("raw", "bench/s/", false)}
+	baselines := []string{"raw"}
+	want := ratioAtLeast(0.7)
+	if e.isPG() {
+		want = ratioAtLeast(0.8)
+		adv, err := advisoryWorkload(ctx, e.db, clients, 2_000_000*int64(clients), true)
+		if err != nil {
+			return nil, err
+		}
+		ws = append(ws, adv)
+		baselines = append(baselines, "advisory-shared")
+	}
+	res, err := interleave(ctx, e.cfg.rounds, clients, e.cfg.duration, ws)
+	if err != nil {
+		return nil, err
+	}
+	return throughputFigures(e, name, res, baselines, want), nil
+}
