@@ -172,7 +172,9 @@ func (c ErrorClass) String() string {
 // exclusive or "s" shared), @lease_id (text), @owner (text), @token (int64
 // fencing token), @ttl_us (int64 lease TTL in microseconds), @marker_us
 // (int64 pending-writer marker TTL in microseconds, 0 = do not write a
-// marker), @limit (int64 row limit), @key_prefix (text, a LIKE-free prefix
+// marker), @watch_us (int64 TTL of the caller's interest in release
+// notifications for @key, 0 = none; dialects without CapNotify ignore it),
+// @limit (int64 row limit), @key_prefix (text, a LIKE-free prefix
 // filter; empty matches all), @leases (text: a JSON array of
 // "leaseID:token" strings), @channel (text: the notification channel of
 // the namespace, see CapNotify).
@@ -183,7 +185,7 @@ type Statements struct {
 	// Acquire is a script: its statements run in order in one write
 	// transaction (opened with BeginWrite) when there are several, or alone
 	// in autocommit when there is one. Parameters: @key @mode @lease_id
-	// @owner @ttl_us @marker_us. The last statement returns the result rows
+	// @owner @ttl_us @marker_us @watch_us. The last statement returns the result rows
 	// (granted, lease_id, mode, owner, token, expires_us, now_us):
 	//
 	//   - granted (one row, granted = 1): the new lease; the caller's own
@@ -200,6 +202,13 @@ type Statements struct {
 	// request when no exclusive holder remains and no live marker exists. A
 	// grant takes a fencing token greater than every token granted before.
 	Acquire []string
+	// Probe is an optional read-only query run before the Acquire script
+	// when the attempt has no marker or watch to write (@marker_us and
+	// @watch_us are 0): it returns the same refusal rows as Acquire for the
+	// live leases and markers that block the request, and no row when the
+	// key looks free (the engine then runs Acquire). A refused poll then
+	// takes no write lock. Parameters as Acquire.
+	Probe string
 	// BeginWrite opens a write transaction for a multi-statement Acquire
 	// ("BEGIN IMMEDIATE" on SQLite). Empty means the driver's BeginTx.
 	BeginWrite string

@@ -16,13 +16,15 @@ import (
 
 var gates sync.Map // *sql.DB -> chan struct{}
 
-// enter waits for db's write gate (a no-op on dialects with concurrent
-// writers); the returned func leaves it.
-func (l *Locker) enter(ctx context.Context, db *sql.DB) (func(), error) {
+// enter waits for the write gate of the Locker's database (a no-op on
+// dialects with concurrent writers); the returned func leaves it. The gate
+// is keyed by the Locker's main pool, so writes through WithRenewDB's pool
+// queue on the same gate.
+func (l *Locker) enter(ctx context.Context, _ *sql.DB) (func(), error) {
 	if l.d.Capabilities().Has(dialect.CapConcurrentWriters) {
 		return func() {}, nil
 	}
-	g, _ := gates.LoadOrStore(db, make(chan struct{}, 1))
+	g, _ := gates.LoadOrStore(l.db, make(chan struct{}, 1))
 	gate := g.(chan struct{})
 	select {
 	case gate <- struct{}{}:

@@ -103,8 +103,8 @@ type Locker struct {
 }
 
 type statements struct {
-	acquire, sweep                                                     []dialect.Stmt
-	renew, renewBatch, release, clearMarker, fence, holders, countRows stmt
+	acquire, sweep                                                            []dialect.Stmt
+	probe, renew, renewBatch, release, clearMarker, fence, holders, countRows stmt
 }
 
 type stmt struct {
@@ -112,7 +112,7 @@ type stmt struct {
 	ok bool
 }
 
-var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us", "marker_us", "limit", "key_prefix", "leases", "channel"}
+var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us", "marker_us", "limit", "key_prefix", "leases", "channel", "watch_us"}
 
 // New builds a Locker on db with dialect d (nil: detected from db's driver
 // among registered dialects). It renders and checks every statement
@@ -209,6 +209,7 @@ func (l *Locker) compile() error {
 		dst      *stmt
 		required bool
 	}{
+		{"Probe", s.Probe, &l.st.probe, false},
 		{"Renew", s.Renew, &l.st.renew, true},
 		{"RenewBatch", s.RenewBatch, &l.st.renewBatch, false},
 		{"Release", s.Release, &l.st.release, true},
@@ -370,6 +371,15 @@ func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, 
 	return lease, err
 }
 
+// watchTTL is how long a blocked waiter's interest in release notifications
+// for its key lasts after its last refresh (CapNotify); waiters refresh it
+// when half has passed.
+const watchTTL = 10 * time.Second
+
+// notifyMinPoll is the shortest wait between polls while release
+// notifications are available.
+const notifyMinPoll = 100 * time.Millisecond
+
 // acquireCancelGrace is how long an in-flight acquire statement may go on
 // after the caller's context ended, before it is cancelled.
 const acquireCancelGrace = 250 * time.Millisecond
@@ -410,7 +420,11 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID strin
 			markerUS = l.cfg.markerTTL.Microseconds()
 		}
 		send := time.Now()
-		res, err := l.acquireOnce(ctx, key, mode, leaseID, markerUS)
+		var watchUS int64
+		if wait && l.d.Capabilities().Has(dialect.CapNotify) {
+			watchUS = watchTTL.Microseconds()
+		}
+		res, err := l.acquireOnce(ctx, key, mode, leaseID, markerUS, watchUS)
 		if ctx.Err() != nil {
 			// The statement may have committed a grant or a marker after
 			// the caller gave up: undo both before returning (SPEC H6).
@@ -479,11 +493,12 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID strin
 				return nil, err
 			}
 			limit := l.cfg.maxBackoff
-			if l.notifyActive() {
-				// Releases wake us; poll only as a fallback.
-				limit = max(limit, l.cfg.notifyPoll)
-			}
 			sleep := Backoff(attempt, limit)
+			if l.notifyActive() {
+				// Releases wake us; poll only as a fallback, and not in a
+				// burst at the start.
+				sleep = max(Backoff(attempt, max(limit, l.cfg.notifyPoll)), notifyMinPoll)
+			}
 			if until >= 0 {
 				// Wake just after the earliest blocking lease expires.
 				sleep = min(sleep, max(until+time.Millisecond, MinBackoff))
@@ -552,7 +567,7 @@ func (l *Locker) sleep(ctx context.Context, d time.Duration, deadline time.Time,
 // acquireOnce runs the Acquire script once. The statement runs on a context
 // detached from ctx (bounded by the statement timeout) so its outcome is
 // always known (SPEC H6).
-func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID string, markerUS int64) (acquireResult, error) {
+func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID string, markerUS, watchUS int64) (acquireResult, error) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.stmtTimeout)
 	defer cancel()
 	// When the caller gives up, let the statement finish for a moment, then
@@ -562,10 +577,10 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 	defer stop()
 	vals := map[string]any{
 		"key": key, "mode": mode.code(), "lease_id": leaseID, "owner": l.cfg.owner,
-		"ttl_us": l.cfg.ttl.Microseconds(), "marker_us": markerUS,
+		"ttl_us": l.cfg.ttl.Microseconds(), "marker_us": markerUS, "watch_us": watchUS,
 	}
 	var res acquireResult
-	_, err := l.script(sctx, l.db, l.st.acquire, vals, func(rows *sql.Rows) error {
+	scan := func(rows *sql.Rows) error {
 		for rows.Next() {
 			var granted bool
 			var h Holder
@@ -586,7 +601,25 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 			}
 		}
 		return rows.Err()
-	})
+	}
+	if l.st.probe.ok && markerUS == 0 && watchUS == 0 {
+		// Read-only first: a refused poll writes nothing.
+		rows, err := l.db.QueryContext(sctx, l.st.probe.SQL, l.st.probe.Args(vals)...)
+		if err == nil {
+			err = scan(rows)
+			if cerr := rows.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			return res, err
+		}
+		if len(res.holders) > 0 {
+			return res, nil
+		}
+		res = acquireResult{}
+	}
+	_, err := l.script(sctx, l.db, l.st.acquire, vals, scan)
 	if err == nil && !res.granted && len(res.holders) == 0 {
 		err = errNoOutcome
 	}

@@ -156,7 +156,7 @@ func (Dialect) Classify(err error) dialect.ErrorClass {
 func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
 		Acquire: []string{`SELECT granted, lease_id, mode, owner, token, expires_us, now_us
-FROM {acquire}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint)`},
+FROM {acquire}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint, @watch_us::bigint)`},
 		Renew: `UPDATE {holders}
 SET expires_at = clock_timestamp() + @ttl_us::bigint * interval '1 microsecond'
 WHERE lease_id = @lease_id AND token = @token AND expires_at > clock_timestamp()
@@ -169,12 +169,23 @@ FROM (SELECT split_part(v, ':', 1) AS id, split_part(v, ':', 2)::bigint AS token
       FROM jsonb_array_elements_text(@leases::jsonb) AS l(v)) u
 WHERE h.lease_id = u.id AND h.token = u.token AND h.expires_at > clock_timestamp()
 RETURNING h.lease_id, {to_us}(h.expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us`,
-		// Waiters of the key are notified at commit (CapNotify).
+		// Waiters of the key are notified at commit (CapNotify), only when
+		// a waiter watches it: NOTIFY serializes committing transactions
+		// server-wide, so an unwatched release must not send one. The
+		// watch is consumed; waiters still blocked renew it on their next
+		// poll.
 		Release: `WITH gone AS (
     DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token::bigint = 0)
     RETURNING lock_key
+), woke AS (
+    DELETE FROM {watches} w USING gone g
+    WHERE w.lock_key = g.lock_key
+    RETURNING w.lock_key, w.expires_at
 )
-SELECT lock_key, pg_notify(@channel, lock_key) FROM gone`,
+SELECT g.lock_key,
+       CASE WHEN EXISTS (SELECT 1 FROM woke WHERE woke.lock_key = g.lock_key AND woke.expires_at > clock_timestamp())
+            THEN pg_notify(@channel, g.lock_key) END
+FROM gone g`,
 		ClearMarker: `DELETE FROM {markers} WHERE lock_key = @key AND waiter_id = @lease_id`,
 		Fence: `SELECT {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us
 FROM {holders}
@@ -197,9 +208,14 @@ ORDER BY 1, 5`,
         SELECT lock_key FROM {markers} WHERE expires_at <= clock_timestamp()
         LIMIT @limit FOR UPDATE SKIP LOCKED)
       AND expires_at <= clock_timestamp()
+), stale_watches AS (
+    DELETE FROM {watches} WHERE lock_key IN (
+        SELECT lock_key FROM {watches} WHERE expires_at <= clock_timestamp()
+        LIMIT @limit FOR UPDATE SKIP LOCKED)
+      AND expires_at <= clock_timestamp()
 )
 DELETE FROM {holders} h USING doomed d
 WHERE h.lease_id = d.lease_id AND h.expires_at <= clock_timestamp()`},
-		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {markers})`,
+		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {markers}) + (SELECT count(*) FROM {watches})`,
 	}
 }

@@ -127,6 +127,21 @@ const now = `(CAST(unixepoch('subsec') * 1000 AS INTEGER) * 1000)`
 // Statements returns the SQLite statement templates.
 func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
+		// A refused poll is one read, without the write lock.
+		Probe: `WITH b AS (
+    SELECT 0 AS granted, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + ` AS now_us
+    FROM {holders} h
+    WHERE h.lock_key = @key AND h.expires_us > ` + now + ` AND (h.mode = 'x' OR @mode = 'x')
+    UNION ALL
+    SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
+    FROM {markers} m
+    WHERE m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id
+)
+SELECT * FROM b
+UNION ALL
+SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
+FROM {markers} m
+WHERE m.lock_key = @key AND m.waiter_id = @lease_id AND m.expires_us > ` + now + ` AND EXISTS (SELECT 1 FROM b)`,
 		BeginWrite: "BEGIN IMMEDIATE",
 		Acquire: []string{
 			// Takeover of expired holders and markers of this key.

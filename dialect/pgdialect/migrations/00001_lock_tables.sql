@@ -14,6 +14,14 @@ CREATE TABLE {markers} (
     expires_at timestamptz NOT NULL
 );
 
+-- Keys that blocked waiters are watching: a release notifies (pg_notify)
+-- only keys with a live row here, so an uncontended release never queues on
+-- the server-wide notification lock.
+CREATE TABLE {watches} (
+    lock_key   text PRIMARY KEY,
+    expires_at timestamptz NOT NULL
+);
+
 -- One row per granted lease. No index on expires_at: renewals stay HOT
 -- updates, and sweeps scan a table that holds only live and recently
 -- expired leases.
@@ -39,7 +47,7 @@ AS $fn$ SELECT (extract(epoch FROM ts) * 1000000)::bigint $fn$;
 -- every statement after the per-key lock sees all holders committed by
 -- earlier grants of this key.
 -- +goose StatementBegin
-CREATE FUNCTION {acquire}(p_key text, p_mode text, p_lease_id text, p_owner text, p_ttl_us bigint, p_marker_us bigint)
+CREATE FUNCTION {acquire}(p_key text, p_mode text, p_lease_id text, p_owner text, p_ttl_us bigint, p_marker_us bigint, p_watch_us bigint)
 RETURNS TABLE (granted boolean, lease_id text, mode text, owner text, token bigint, expires_us bigint, now_us bigint)
 LANGUAGE plpgsql VOLATILE
 -- Bound every lock wait (the per-key lock, a takeover waiting for a fenced
@@ -55,9 +63,13 @@ BEGIN
         RAISE EXCEPTION 'sqlease: mode % is not x or s', p_mode USING ERRCODE = '22023';
     END IF;
 
-    -- Read-only pass: a poll that is refused and has no marker to write
-    -- writes nothing (no WAL, no commit flush).
-    IF p_marker_us = 0 AND (
+    -- Read-only pass: a poll that is refused and has no marker or watch to
+    -- write writes nothing (no WAL, no commit flush).
+    IF p_marker_us = 0
+       AND (p_watch_us = 0 OR EXISTS (
+            SELECT 1 FROM {watches} w
+            WHERE w.lock_key = p_key AND w.expires_at > clock_timestamp() + (p_watch_us / 2) * interval '1 microsecond'))
+       AND (
         EXISTS (SELECT 1 FROM {holders} h
                 WHERE h.lock_key = p_key AND h.expires_at > clock_timestamp()
                   AND (h.mode = 'x' OR p_mode = 'x'))
@@ -99,6 +111,12 @@ BEGIN
     INTO v_blocked;
 
     IF v_blocked THEN
+        IF p_watch_us > 0 THEN
+            INSERT INTO {watches} AS w (lock_key, expires_at)
+            VALUES (p_key, clock_timestamp() + p_watch_us * interval '1 microsecond')
+            ON CONFLICT (lock_key) DO UPDATE SET expires_at = EXCLUDED.expires_at
+            WHERE w.expires_at < clock_timestamp() + (p_watch_us / 2) * interval '1 microsecond';
+        END IF;
         IF p_mode = 'x' AND p_marker_us > 0 THEN
             INSERT INTO {markers} AS m (lock_key, waiter_id, owner, expires_at)
             VALUES (p_key, p_lease_id, p_owner, clock_timestamp() + p_marker_us * interval '1 microsecond')
@@ -132,8 +150,9 @@ $fn$;
 -- +goose StatementEnd
 
 -- +goose Down
-DROP FUNCTION {acquire}(text, text, text, text, bigint, bigint);
+DROP FUNCTION {acquire}(text, text, text, text, bigint, bigint, bigint);
 DROP FUNCTION {to_us}(timestamptz);
 DROP TABLE {holders};
 DROP TABLE {markers};
+DROP TABLE {watches};
 DROP SEQUENCE {token_seq};
