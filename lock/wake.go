@@ -100,7 +100,9 @@ func (l *Locker) waitStart(key string) (<-chan struct{}, func()) {
 	ln := listeners.m[k]
 	if ln == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		ln = &listener{cancel: cancel, done: make(chan struct{})}
+		// Optimistic until the first failure: waiters skip the fast first
+		// polls while the listener connects.
+		ln = &listener{cancel: cancel, done: make(chan struct{}), listening: true}
 		listeners.m[k] = ln
 		go ln.run(ctx, l.db, dl, channel, l.cfg.logger)
 	}
