@@ -40,6 +40,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"reflect"
 	"slices"
@@ -324,12 +325,20 @@ func (ns Namespace) Object(d Dialect, name string) string {
 	return q
 }
 
-// Channel is the notification channel of this namespace (CapNotify).
+// Channel is the notification channel of this namespace (CapNotify). It is
+// at most 63 bytes (PostgreSQL rejects longer channel names in pg_notify): a
+// longer name is cut and suffixed with a hash of the full one.
 func (ns Namespace) Channel() string {
+	c := ns.prefix() + "release"
 	if ns.Schema != "" {
-		return ns.Schema + "." + ns.prefix() + "release"
+		c = ns.Schema + "." + c
 	}
-	return ns.prefix() + "release"
+	if len(c) <= 63 {
+		return c
+	}
+	h := fnv.New64a()
+	h.Write([]byte(c))
+	return fmt.Sprintf("%s_%016x", c[:63-17], h.Sum64())
 }
 
 // VersionTable is the unquoted name of the goose version table
