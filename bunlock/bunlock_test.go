@@ -54,7 +54,9 @@ func viaBun(bunDialect func() schema.Dialect) func(context.Context, *sql.DB, dia
 // every Locker built by bunlock.New over a bun.DB.
 func TestConformanceSQLite(t *testing.T) {
 	cfg := conformance.SQLite(t.TempDir())
-	cfg.Short = testing.Short()
+	// The adapters change only how a Locker is built: the long stress and
+	// churn cases run at full length in the dialect packages.
+	cfg.Short = true
 	cfg.NewLocker = viaBun(func() schema.Dialect { return bunsqlite.New() })
 	conformance.Run(t, cfg)
 }
@@ -67,7 +69,9 @@ func TestConformancePostgres(t *testing.T) {
 		conformance.Run(t, conformance.Config{})
 	}
 	cfg := conformance.Postgres(conformance.PostgresDSN(t))
-	cfg.Short = testing.Short()
+	// The adapters change only how a Locker is built: the long stress and
+	// churn cases run at full length in the dialect packages.
+	cfg.Short = true
 	cfg.NewLocker = viaBun(func() schema.Dialect { return bunpg.New() })
 	conformance.Run(t, cfg)
 }
