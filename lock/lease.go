@@ -44,6 +44,7 @@ type Lease struct {
 	released     bool // a release deleted the row or found it gone
 	expiry       time.Time
 	grantedAt    time.Time // database time of the grant
+	lostAt       time.Time // local time the loss was detected
 	lastSend     time.Time // local monotonic send time of the last successful acquire/renew
 	trustedUntil time.Time
 
@@ -145,6 +146,7 @@ func (le *Lease) lose(reason LossReason, err error) error {
 		return le.lostErr(reason, err)
 	}
 	le.state = stateLost
+	le.lostAt = time.Now()
 	le.mu.Unlock()
 	lost := le.lostErr(reason, err)
 	le.cancel(lost)
@@ -170,12 +172,17 @@ func (le *Lease) checkWindow() {
 
 func (le *Lease) stopRenewal() { le.l.unschedule(le) }
 
-// finish is called when Do's function returns: it reports a loss that
-// happened before, and makes later losses no-ops (SPEC H4).
-func (le *Lease) finish() error {
+// finish is called when Do's function has returned (at returned; zero when
+// it panicked): it reports a loss that happened before that, and makes later
+// losses no-ops (SPEC H4).
+func (le *Lease) finish(returned time.Time) error {
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	if le.state == stateLost {
+		if !returned.IsZero() && le.lostAt.After(returned) {
+			le.state = stateFinishing
+			return nil
+		}
 		return context.Cause(le.ctx)
 	}
 	if le.state == stateHeld {

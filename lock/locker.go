@@ -311,10 +311,11 @@ func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx cont
 	fctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(lease.ctx, func() { cancel(context.Cause(lease.ctx)) })
 	finished := false
+	var returned time.Time
 	defer func() {
 		stop()
 		cancel(nil)
-		lost := lease.finish()
+		lost := lease.finish(returned)
 		relErr := lease.Release(ctx)
 		if !finished {
 			return // panicking: released; the panic goes on
@@ -328,6 +329,7 @@ func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx cont
 		}
 	}()
 	err = fn(fctx, lease)
+	returned = time.Now()
 	finished = true
 	return err
 }
@@ -906,6 +908,16 @@ func (l *Locker) Close(ctx context.Context) error {
 	for _, le := range leases {
 		if err := le.Release(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
 			errs = append(errs, err)
+		}
+	}
+	// Wait for the renewer to see that no lease is left.
+	l.rmu.Lock()
+	running, done := l.rrunning, l.rdone
+	l.rmu.Unlock()
+	if running {
+		select {
+		case <-done:
+		case <-ctx.Done():
 		}
 	}
 	return errors.Join(errs...)

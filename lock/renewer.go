@@ -201,16 +201,43 @@ func (l *Locker) renewTimeoutFor(leases []*Lease) time.Duration {
 	return max(timeout, time.Millisecond)
 }
 
-func (l *Locker) renewOne(le *Lease) (int64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), l.renewTimeoutFor([]*Lease{le}))
+// renewConn takes the write gate and a connection for a renewal, waiting
+// no longer than the earliest trusted window of leases: the renew timeout
+// then bounds only the statement, not a busy pool or a slow dial.
+func (l *Locker) renewConn(leases []*Lease) (*sql.Conn, func(), error) {
+	window := time.Duration(0)
+	for i, le := range leases {
+		le.mu.Lock()
+		d := time.Until(le.trustedUntil)
+		le.mu.Unlock()
+		if i == 0 || d < window {
+			window = d
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(window, time.Millisecond))
 	defer cancel()
 	leave, err := l.enter(ctx, l.renewDB)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := l.renewDB.Conn(ctx)
+	if err != nil {
+		leave()
+		return nil, nil, err
+	}
+	return conn, func() { _ = conn.Close(); leave() }, nil
+}
+
+func (l *Locker) renewOne(le *Lease) (int64, error) {
+	conn, leave, err := l.renewConn([]*Lease{le})
 	if err != nil {
 		return 0, err
 	}
 	defer leave()
+	ctx, cancel := context.WithTimeout(context.Background(), l.renewTimeoutFor([]*Lease{le}))
+	defer cancel()
 	var exp, now int64
-	err = l.renewDB.QueryRowContext(ctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+	err = conn.QueryRowContext(ctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
 		"lease_id": le.id, "token": le.token, "ttl_us": l.cfg.ttl.Microseconds(),
 	})...).Scan(&exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -235,14 +262,14 @@ func (l *Locker) renewMany(leases []*Lease) (map[string]int64, error) {
 		b.WriteByte('"')
 	}
 	b.WriteByte(']')
-	ctx, cancel := context.WithTimeout(context.Background(), l.renewTimeoutFor(leases))
-	defer cancel()
-	leave, err := l.enter(ctx, l.renewDB)
+	conn, leave, err := l.renewConn(leases)
 	if err != nil {
 		return nil, err
 	}
 	defer leave()
-	rows, err := l.renewDB.QueryContext(ctx, l.st.renewBatch.SQL, l.st.renewBatch.Args(map[string]any{
+	ctx, cancel := context.WithTimeout(context.Background(), l.renewTimeoutFor(leases))
+	defer cancel()
+	rows, err := conn.QueryContext(ctx, l.st.renewBatch.SQL, l.st.renewBatch.Args(map[string]any{
 		"leases": b.String(), "ttl_us": l.cfg.ttl.Microseconds(),
 	})...)
 	if err != nil {
