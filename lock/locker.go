@@ -800,7 +800,7 @@ func (l *Locker) forget(key, leaseID string) {
 
 // Holders lists the leases and pending-writer markers whose key starts with
 // keyPrefix ("" for all), expired ones included, with the database's current
-// time. Errors: errors.ErrUnsupported when the dialect has no Holders
+// time (the zero time when nothing matched). Errors: errors.ErrUnsupported when the dialect has no Holders
 // statement, or the database's error.
 func (l *Locker) Holders(ctx context.Context, keyPrefix string) ([]Holder, time.Time, error) {
 	if !l.st.holders.ok {

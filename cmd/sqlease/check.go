@@ -25,7 +25,7 @@ func setupCheck(fs *flag.FlagSet, out *output) func(context.Context, []string) e
 	var (
 		db       dbFlags
 		runExpr  string
-		short    bool
+		full     bool
 		parallel int
 		verbose  bool
 		timeout  time.Duration
@@ -33,7 +33,7 @@ func setupCheck(fs *flag.FlagSet, out *output) func(context.Context, []string) e
 	fs.StringVar(&db.dsn, "dsn", "", "database `DSN` (default $"+dsnEnv+"; unset: a fresh embedded SQLite file in a temporary directory)")
 	fs.StringVar(&db.dialect, "dialect", "", "dialect `NAME` (postgres, sqlite); default: inferred from the DSN")
 	fs.StringVar(&runExpr, "run", "", "run only the cases whose name matches `REGEXP` (e.g. 'S1_|S3_')")
-	fs.BoolVar(&short, "short", false, "shorten the stress cases")
+	fs.BoolVar(&full, "full", false, "run the stress and churn cases at full length (several minutes; default: seconds)")
 	fs.IntVar(&parallel, "parallel", 4, "run at most `N` cases at once")
 	fs.BoolVar(&verbose, "verbose", false, "print the log of every case, not only of failing ones")
 	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after `DURATION`, naming the cases still running (exit 1)")
@@ -67,7 +67,7 @@ func setupCheck(fs *flag.FlagSet, out *output) func(context.Context, []string) e
 		if err != nil {
 			return err
 		}
-		cfg.Short = short
+		cfg.Short = !full
 		tracked := trackDatabases(&cfg)
 		passed, failed, skipped, running := runCases(ctx, out, cfg, cases, parallel, verbose, timeout)
 		if len(running) > 0 {

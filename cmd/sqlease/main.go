@@ -1,6 +1,6 @@
 // Command sqlease is the operator tool of the sqlease lock library.
 //
-//	sqlease check   [--dsn DSN] [--dialect NAME] [--run REGEXP] [--short] [--parallel N] [--verbose]
+//	sqlease check   [--dsn DSN] [--dialect NAME] [--run REGEXP] [--full] [--parallel N] [--verbose]
 //	sqlease migrate [up|status] [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P]
 //	sqlease status  [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P] [--key PREFIX] [--json]
 //	sqlease sweep   [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P] [--limit N]
