@@ -385,12 +385,36 @@ func (le *Lease) RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, f
 	if db == nil {
 		return inputErr("database", "nil", "RunInTx needs the *sql.DB the lease lives in")
 	}
-	if fn == nil {
+	return RunFenced(ctx, le, func(ctx context.Context) (*sql.Tx, *sql.Tx, error) {
+		tx, err := db.BeginTx(ctx, opts)
+		return tx, tx, err
+	}, fn)
+}
+
+// RunFenced is the protocol of RunInTx for any transaction type that wraps
+// a *sql.Tx (bun.Tx, *sqlx.Tx; used by the adapters): begin opens the
+// transaction and returns it with its *sql.Tx; RunFenced fences that first,
+// runs fn, and commits only if the fence held and the lease was not lost
+// meanwhile; otherwise, or when fn fails or panics, it rolls back (SPEC F1,
+// F2). A lease released meanwhile by another goroutine is not lost: the
+// fence keeps its row until the transaction ends.
+//
+// Errors: as RunInTx; a nil lease, begin or fn is an *InputError.
+func RunFenced[T interface {
+	Commit() error
+	Rollback() error
+}](ctx context.Context, lease *Lease, begin func(context.Context) (T, *sql.Tx, error), fn func(context.Context, T) error) error {
+	switch {
+	case lease == nil:
+		return inputErr("lease", "nil", "pass the *Lease to fence with")
+	case begin == nil:
+		return inputErr("begin function", "nil", "pass a function that opens the transaction")
+	case fn == nil:
 		return inputErr("function", "nil", "RunInTx needs a function to run")
 	}
-	tx, err := db.BeginTx(ctx, opts)
+	tx, raw, err := begin(ctx)
 	if err != nil {
-		return fmt.Errorf("lock: fenced transaction %q: begin: %w", le.key, err)
+		return fmt.Errorf("lock: fenced transaction %q: begin: %w", lease.key, err)
 	}
 	committed := false
 	defer func() {
@@ -398,17 +422,17 @@ func (le *Lease) RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, f
 			_ = tx.Rollback()
 		}
 	}()
-	if err := le.Fence(ctx, tx); err != nil {
+	if err := lease.Fence(ctx, raw); err != nil {
 		return err
 	}
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
-	if err := le.Err(); err != nil && !errors.Is(err, ErrReleased) {
+	if err := lease.Err(); err != nil && !errors.Is(err, ErrReleased) {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("lock: fenced transaction %q: commit: %w", le.key, err)
+		return fmt.Errorf("lock: fenced transaction %q: commit: %w", lease.key, err)
 	}
 	committed = true
 	return nil

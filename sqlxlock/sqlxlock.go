@@ -180,32 +180,13 @@ func RunInTx(ctx context.Context, db *sqlx.DB, lease *lock.Lease, opts *sql.TxOp
 	case fn == nil:
 		return fmt.Errorf("sqlxlock: fenced transaction %q: %w", lease.Key(), &lock.InputError{Field: "function", Value: "nil", Allowed: "pass a function to run"})
 	}
-	tx, err := db.BeginTxx(ctx, opts)
-	if err != nil {
-		return fmt.Errorf("sqlxlock: fenced transaction %q: begin: %w", lease.Key(), err)
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
+	return lock.RunFenced(ctx, lease, func(ctx context.Context) (*sqlx.Tx, *sql.Tx, error) {
+		tx, err := db.BeginTxx(ctx, opts)
+		if err != nil {
+			return nil, nil, err
 		}
-	}()
-	if err := lease.Fence(ctx, tx.Tx); err != nil {
-		return err
-	}
-	if err := fn(ctx, tx); err != nil {
-		return err
-	}
-	// A lease released meanwhile (by another goroutine) is not lost: the
-	// fence keeps its row until this transaction ends.
-	if err := lease.Err(); err != nil && !errors.Is(err, lock.ErrReleased) {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlxlock: fenced transaction %q: commit: %w", lease.Key(), err)
-	}
-	committed = true
-	return nil
+		return tx, tx.Tx, nil
+	}, fn)
 }
 
 // resolve returns the sqlease dialect for db: d checked against db's driver
