@@ -145,7 +145,7 @@ type SchemaError struct {
 }
 
 func (e *SchemaError) Error() string {
-	return fmt.Sprintf("lock: %s schema is at version %d (version table %s), this library needs %d: run migrate.Up(ctx, db, dialect) or `sqlease migrate --dsn DSN` first",
+	return fmt.Sprintf("lock: %s schema is at version %d (version table %s), this library needs %d: run migrate.Up(ctx, db, dialect) or `sqlease migrate --dsn DSN` first, with the same schema and prefix as the Locker (migrate.WithNamespace; --schema, --prefix)",
 		e.Dialect, e.Current, e.Table, e.Want)
 }
 

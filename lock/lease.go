@@ -329,7 +329,9 @@ func (le *Lease) Release(ctx context.Context) error {
 // window ends. Use it to hand a key over to expiry when a release cannot be
 // trusted to run, and in tests to simulate a crashed holder.
 //
-// Close does not release an orphaned lease.
+// Until that window ends the Locker still counts the key as held
+// (ErrReentrant for a new acquire of it). Close does not release an
+// orphaned lease.
 func (le *Lease) Orphan() {
 	le.stopRenewal()
 	le.l.mu.Lock()

@@ -363,6 +363,9 @@ func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, 
 	l.active[key] = leaseID
 	l.mu.Unlock()
 	start := time.Now()
+	if ac.waitSet && ac.wait == 0 {
+		wait = false // WaitTimeout(0): try once
+	}
 	lease, err := l.poll(ctx, key, mode, leaseID, wait, ac)
 	if err != nil {
 		l.forget(key, leaseID)
@@ -408,7 +411,7 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID strin
 		deadline = start.Add(ac.wait)
 	}
 	var markerAt time.Time // when our marker was last written; zero: not ours
-	var last []Holder
+	var last []Holder      // blockers seen by the last refused attempt
 	var wake <-chan struct{}
 	if wait {
 		var done func()
@@ -465,14 +468,15 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID strin
 			l.emit(Event{Kind: EventAcquireGranted, Key: key, Mode: mode, LeaseID: leaseID, Token: res.lease.Token, Wait: time.Since(start)})
 			return l.newLease(key, mode, res, send, activeID), nil
 		} else {
-			last = res.holders
+			last = last[:0]
 			mine := false
 			var until time.Duration = -1
 			for _, h := range res.holders {
 				if h.Mode == PendingWriter && h.LeaseID == leaseID {
-					mine = true
+					mine = true // our own marker: not a blocker
 					continue
 				}
+				last = append(last, h)
 				if d := h.Expiry.Sub(res.now); until < 0 || d < until {
 					until = d
 				}
@@ -484,7 +488,7 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID strin
 				markerAt = send
 			}
 			if !wait {
-				err := &LockedError{Key: key, Mode: mode, Holders: res.holders}
+				err := &LockedError{Key: key, Mode: mode, Holders: last}
 				l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
 				return nil, err
 			}

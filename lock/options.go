@@ -250,9 +250,14 @@ func containsNUL(s string) bool {
 	return false
 }
 
+// clip shortens s for a message, never cutting a valid character in two.
 func clip(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "..."
+	if len(s) <= 40 {
+		return s
 	}
-	return s
+	n := 40
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
 }

@@ -11,7 +11,8 @@
 // queues them; on SQLite the database write lock serializes them and a lost
 // creation race is retried once.
 //
-//	if err := migrate.Up(ctx, db, pgdialect.New()); err != nil { ... }
+//	applied, err := migrate.Up(ctx, db, pgdialect.New(),
+//		migrate.WithNamespace(dialect.Namespace{Schema: "locks"})) // as lock.WithSchema("locks")
 package migrate
 
 import (
