@@ -2,7 +2,6 @@ package lock
 
 import (
 	"context"
-	"database/sql"
 	"sync"
 
 	"github.com/sqlease/sqlease/dialect"
@@ -18,9 +17,9 @@ var gates sync.Map // *sql.DB -> chan struct{}
 
 // enter waits for the write gate of the Locker's database (a no-op on
 // dialects with concurrent writers); the returned func leaves it. The gate
-// is keyed by the Locker's main pool, so writes through WithRenewDB's pool
-// queue on the same gate.
-func (l *Locker) enter(ctx context.Context, _ *sql.DB) (func(), error) {
+// is keyed by the Locker's main pool, whichever pool the write goes
+// through, so writes through WithRenewDB's pool queue on the same gate.
+func (l *Locker) enter(ctx context.Context) (func(), error) {
 	if l.d.Capabilities().Has(dialect.CapConcurrentWriters) {
 		return func() {}, nil
 	}

@@ -205,7 +205,7 @@ func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	leave, err := l.enter(rctx, db)
+	leave, err := l.enter(rctx)
 	if err != nil {
 		return err
 	}

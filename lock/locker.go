@@ -665,7 +665,7 @@ func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, v
 		}
 		return affected, nil
 	}
-	leave, err := l.enter(ctx, db)
+	leave, err := l.enter(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -735,7 +735,7 @@ func uncertain(err error) bool {
 func (l *Locker) freshen(ctx context.Context, res *acquireResult, send *time.Time) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.renewTimeout)
 	defer cancel()
-	leave, err := l.enter(rctx, l.renewDB)
+	leave, err := l.enter(rctx)
 	if err != nil {
 		return err
 	}
@@ -756,7 +756,7 @@ func (l *Locker) freshen(ctx context.Context, res *acquireResult, send *time.Tim
 // releaseRows runs the Release statement and returns how many holder rows
 // it deleted.
 func (l *Locker) releaseRows(ctx context.Context, leaseID string, token int64) (int64, error) {
-	leave, err := l.enter(ctx, l.db)
+	leave, err := l.enter(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -784,7 +784,7 @@ func (l *Locker) clearMarker(ctx context.Context, key, leaseID string, ours bool
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
-	leave, err := l.enter(rctx, l.db)
+	leave, err := l.enter(rctx)
 	if err != nil {
 		return
 	}

@@ -216,7 +216,7 @@ func (l *Locker) renewConn(leases []*Lease) (*sql.Conn, func(), error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(window, time.Millisecond))
 	defer cancel()
-	leave, err := l.enter(ctx, l.renewDB)
+	leave, err := l.enter(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
