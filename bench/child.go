@@ -20,7 +20,7 @@ import (
 
 // The handoff figure needs a waiter in another process, so that a release
 // reaches it the way it reaches another replica: through PostgreSQL
-// LISTEN/NOTIFY (or, on SQLite, through polling), not through the
+// LISTEN/NOTIFY (or, on SQLite, through its watch of the database file), not through the
 // in-process hub. The bench re-executes itself with childEnv set; the
 // child reads commands from stdin and answers on stdout:
 //
@@ -103,12 +103,18 @@ type child struct {
 // startChild starts a waiter process on e's database and waits for it to
 // be ready.
 func startChild(ctx context.Context, e *env) (*child, error) {
+	return startChildMode(ctx, e, "waiter")
+}
+
+// startChildMode starts a child process of the given kind ("waiter",
+// "herd") and waits for it to be ready.
+func startChildMode(ctx context.Context, e *env, mode string) (*child, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		exe = os.Args[0]
 	}
 	cmd := exec.CommandContext(ctx, exe)
-	cmd.Env = append(os.Environ(), childEnv+"=waiter", childDialectEnv+"="+e.dialect, childDSNEnv+"="+e.dsn, childSchemaEnv+"="+e.schema)
+	cmd.Env = append(os.Environ(), childEnv+"="+mode, childDialectEnv+"="+e.dialect, childDSNEnv+"="+e.dsn, childSchemaEnv+"="+e.schema)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
@@ -11,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/lock"
 )
 
@@ -123,16 +126,24 @@ func figRoundTrips(ctx context.Context, e *env) ([]Figure, error) {
 
 // figFailedPollWAL (PostgreSQL): WAL written by refused polls. A key is
 // held (TTL 10 min, so no renewal falls in the window); another Locker
-// polls it with TryAcquire walPolls times per round. pg_current_wal_lsn()
-// is server-wide, and other sessions write meanwhile, so the WAL is read
-// back with pg_walinspect (installed into the bench schema when the
-// server has it, dropped with the schema) and only the records that touch
-// the bench schema's relations, plus the commit records of their
-// transactions, are counted. Baseline: the raw lease's refused upsert
-// (ON CONFLICT DO UPDATE ... WHERE locks the conflicting row, so it
-// writes), 200 polls per round scaled to walPolls. Without pg_walinspect
-// the headline is the minimum server-wide delta over rounds, an upper
-// bound. Target: < 8 KiB per walPolls polls.
+// polls it with TryAcquire walPolls times per round. Two measures:
+//
+//   - writes: inserted, updated and deleted tuples on the bench schema's
+//     tables (pg_stat_user_tables, after the polling backends flushed their
+//     statistics), exact: a poll that writes nothing adds nothing. Target 0.
+//   - WAL bytes: the difference of pg_current_wal_lsn() around the polls
+//     (pg_wal_lsn_diff; pg_stat_wal's wal_bytes and wal_records deltas are
+//     reported too). Both are server-wide, so other sessions' writes are in
+//     them; the minimum over rounds is an upper bound of what the polls
+//     wrote. Target < 8 KiB per walPolls polls.
+//
+// (An earlier version read the WAL back with pg_walinspect, which on
+// PostgreSQL 15 fails with "cannot accept future start LSN" when the
+// insert LSN is ahead of the flushed WAL.) Each window polls through a
+// pool of its own, closed at its end, so its backend's statistics are
+// flushed before they are read. Baseline: the raw lease's
+// refused upsert (ON CONFLICT DO UPDATE ... WHERE locks the conflicting
+// row, so it writes), 200 polls per round scaled to walPolls.
 func figFailedPollWAL(ctx context.Context, e *env) ([]Figure, error) {
 	if !e.isPG() {
 		return nil, nil
@@ -149,11 +160,6 @@ func figFailedPollWAL(ctx context.Context, e *env) ([]Figure, error) {
 		return nil, err
 	}
 	defer held.Release(ctx)
-	poller, err := e.newLocker(ctx, e.db)
-	if err != nil {
-		return nil, err
-	}
-	defer closeLocker(poller)
 	raw, err := newRawLease(ctx, e, e.db, "raw_wal")
 	if err != nil {
 		return nil, err
@@ -162,9 +168,15 @@ func figFailedPollWAL(ctx context.Context, e *env) ([]Figure, error) {
 	if ok, err := raw.tryAcquire(ctx, e.db, key, "holder"); err != nil || !ok {
 		return nil, fmt.Errorf("raw lease: %v", err)
 	}
-	meter, meterErr := newWALMeter(ctx, e)
-	sqleasePoll := func(n int) func() error {
-		return func() error {
+	// Each window polls through its own pool, closed at its end: a
+	// backend flushes its statistics when it exits.
+	sqleasePoll := func(n int) func(*sql.DB) error {
+		return func(db *sql.DB) error {
+			poller, err := e.newLocker(ctx, db)
+			if err != nil {
+				return err
+			}
+			defer closeLocker(poller)
 			for i := 0; i < n; i++ {
 				if _, err := poller.TryAcquire(ctx, key, lock.Exclusive); !errors.Is(err, lock.ErrLocked) {
 					return fmt.Errorf("poll %d: want ErrLocked, got %v", i, err)
@@ -173,128 +185,161 @@ func figFailedPollWAL(ctx context.Context, e *env) ([]Figure, error) {
 			return nil
 		}
 	}
-	rawPoll := func(n int) func() error {
-		return func() error {
+	rawPoll := func(n int) func(*sql.DB) error {
+		return func(db *sql.DB) error {
 			for i := 0; i < n; i++ {
-				if ok, err := raw.tryAcquire(ctx, e.db, key, "poller"); err != nil || ok {
+				if ok, err := raw.tryAcquire(ctx, db, key, "poller"); err != nil || ok {
 					return fmt.Errorf("raw poll %d: ok=%v err=%v", i, ok, err)
 				}
 			}
 			return nil
 		}
 	}
-	if err := sqleasePoll(50)(); err != nil { // warm-up
+	if err := sqleasePoll(50)(e.db); err != nil { // warm-up
 		return nil, err
 	}
-	if err := rawPoll(20)(); err != nil {
+	if err := rawPoll(20)(e.db); err != nil {
 		return nil, err
 	}
-	var own, rawOwn, server []float64
+	explained, rawExplained, xids, err := explainPolls(ctx, e, raw, key, polls, rawPolls)
+	if err != nil {
+		return nil, err
+	}
+	var writes, rawWrites, wal, rawWAL, records []float64
 	var spent time.Duration
-	rounds := min(e.cfg.rounds, 2) // pg_walinspect attributes WAL exactly; rounds only check stability
+	rounds := min(e.cfg.rounds, 3)
 	for r := 0; r < rounds; r++ {
-		s, err := measureWAL(ctx, e, meter, sqleasePoll(polls))
+		s, err := measureWAL(ctx, e, sqleasePoll(polls))
 		if err != nil {
 			return nil, err
 		}
 		spent += s.took
-		w, err := measureWAL(ctx, e, meter, rawPoll(rawPolls))
+		w, err := measureWAL(ctx, e, rawPoll(rawPolls))
 		if err != nil {
 			return nil, err
 		}
 		scale := float64(polls) / float64(rawPolls)
-		own, rawOwn, server = append(own, s.own), append(rawOwn, w.own*scale), append(server, s.server)
+		writes, rawWrites = append(writes, s.tuples), append(rawWrites, w.tuples*scale)
+		wal, rawWAL, records = append(wal, s.lsnBytes), append(rawWAL, w.lsnBytes*scale), append(records, s.records)
 	}
-	var f Figure
-	if meter != nil {
-		f = figure("failedpoll.wal", e.dialect, medianOf(own), "bytes", base("raw", medianOf(rawOwn)), below(8*1024, "bytes"))
-		f.Note = fmt.Sprintf("WAL records on the bench schema's relations (+ their commits) per %d refused polls, pg_walinspect; median over rounds", polls)
-	} else {
-		f = figure("failedpoll.wal", e.dialect, slices.Min(server), "bytes", nil, below(8*1024, "bytes"))
-		f.Note = fmt.Sprintf("pg_walinspect unavailable (%v): minimum server-wide WAL delta over rounds per %d refused polls, an upper bound", meterErr, polls)
-	}
-	f.Rounds = own
-	g := figure("failedpoll.wal.server", e.dialect, medianOf(server), "bytes", nil, info)
-	g.Rounds = server
-	g.Note = "server-wide WAL during the sqlease polls (every session's writes), median over rounds"
+	x := figure("failedpoll.wal", e.dialect, explained, "bytes", base("raw", rawExplained), below(8*1024, "bytes"))
+	x.Note = fmt.Sprintf("WAL bytes of %d refused polls, summed from EXPLAIN (ANALYZE, WAL) of the statement a refused TryAcquire sends (the acquire function, nested statements included); raw: %d of its upserts scaled", polls, rawPolls)
+	xi := figure("failedpoll.xids", e.dialect, float64(xids), "polls", nil, exactly(0, "polls"))
+	xi.Note = fmt.Sprintf("refused polls (of %d) that took a transaction ID, so that their commit wrote a WAL record", polls)
+	f := figure("failedpoll.writes", e.dialect, slices.Max(writes), "tuples", base("raw", medianOf(rawWrites)), exactly(0, "tuples"))
+	f.Rounds = writes
+	f.Note = fmt.Sprintf("tuples inserted/updated/deleted on the bench schema's tables per %d refused polls (pg_stat_user_tables), maximum over rounds", polls)
+	g := figure("failedpoll.wal.server", e.dialect, slices.Min(wal), "bytes", base("raw", slices.Min(rawWAL)), info)
+	g.Rounds = wal
+	g.Note = fmt.Sprintf("server-wide pg_current_wal_lsn() difference during %d refused polls (every session's writes: an upper bound), minimum over rounds", polls)
+	r := figure("failedpoll.wal_records", e.dialect, slices.Min(records), "records", nil, info)
+	r.Rounds = records
+	r.Note = "server-wide pg_stat_wal.wal_records delta during the polls, minimum over rounds"
 	h := figure("failedpoll.latency", e.dialect, ms(spent)/float64(polls*rounds), "ms", nil, info)
 	h.Note = "mean time of one refused TryAcquire"
-	return []Figure{f, g, h}, nil
+	return []Figure{x, xi, f, g, r, h}, nil
 }
 
-// walMeter reads back WAL with pg_walinspect.
-type walMeter struct {
-	records string // qualified name of pg_get_wal_records_info
-}
-
-// newWALMeter finds pg_walinspect, or installs it into the bench schema
-// (dropped with it). An error means it is not available.
-func newWALMeter(ctx context.Context, e *env) (*walMeter, error) {
-	var schema string
-	err := e.db.QueryRowContext(ctx, `SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pg_walinspect'`).Scan(&schema)
-	if err != nil {
-		if _, err := e.db.ExecContext(ctx, `CREATE EXTENSION pg_walinspect SCHEMA `+e.d.QuoteIdent(e.schema)); err != nil {
-			return nil, err
+// explainPolls runs the statement of a refused TryAcquire (the acquire
+// function with no marker and no watch) polls times under EXPLAIN
+// (ANALYZE, WAL) and sums its WAL bytes, the raw upsert rawPolls times
+// (scaled to polls), and counts the polls that took a transaction ID.
+func explainPolls(ctx context.Context, e *env, raw *rawLease, key string, polls, rawPolls int) (sqlease, rawBytes float64, xids int, err error) {
+	fn := e.d.QuoteIdent(e.schema) + "." + e.d.QuoteIdent(dialect.DefaultPrefix+"acquire")
+	call := `SELECT * FROM ` + fn + `($1, 'x', $2, 'bench', 60000000::bigint, 0::bigint, 0::bigint)`
+	walOf := func(query string, args ...any) (float64, error) {
+		var plan string
+		if err := e.db.QueryRowContext(ctx, `EXPLAIN (ANALYZE, WAL, FORMAT JSON) `+query, args...).Scan(&plan); err != nil {
+			return 0, err
 		}
-		schema = e.d.QuoteIdent(e.schema)
+		var p []struct {
+			Plan struct {
+				WALBytes float64 `json:"WAL Bytes"`
+			} `json:"Plan"`
+		}
+		if err := json.Unmarshal([]byte(plan), &p); err != nil || len(p) == 0 {
+			return 0, fmt.Errorf("explain: %v %q", err, plan)
+		}
+		return p[0].Plan.WALBytes, nil
 	}
-	return &walMeter{records: schema + ".pg_get_wal_records_info"}, nil
+	for i := 0; i < polls; i++ {
+		b, err := walOf(call, key, "poller-"+strconv.Itoa(i))
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		sqlease += b
+		var xid sql.NullString
+		if err := e.db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM `+fn+`($1, 'x', $2, 'bench', 60000000::bigint, 0::bigint, 0::bigint)), pg_current_xact_id_if_assigned()::text`,
+			key, "poller-x"+strconv.Itoa(i)).Scan(new(int), &xid); err != nil {
+			return 0, 0, 0, err
+		}
+		if xid.Valid {
+			xids++
+		}
+	}
+	for i := 0; i < rawPolls; i++ {
+		b, err := walOf(raw.acquireSQL, key, "poller", raw.ttlUS)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		rawBytes += b
+	}
+	return sqlease, rawBytes * float64(polls) / float64(rawPolls), xids, nil
 }
 
 // walWindow is what measureWAL saw.
 type walWindow struct {
-	own, server float64 // bytes: on the bench schema's relations; server-wide
-	took        time.Duration
+	tuples   float64 // tuples written on the bench schema's tables
+	lsnBytes float64 // server-wide WAL bytes (LSN difference)
+	records  float64 // server-wide WAL records (pg_stat_wal)
+	took     time.Duration
 }
 
-// measureWAL runs f and returns the WAL written meanwhile.
-func measureWAL(ctx context.Context, e *env, m *walMeter, f func() error) (walWindow, error) {
-	var a, b string
-	if err := e.db.QueryRowContext(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&a); err != nil {
+// walSnapshot reads the counters measureWAL compares.
+func walSnapshot(ctx context.Context, e *env) (lsn string, tuples, records float64, err error) {
+	err = e.db.QueryRowContext(ctx, `SELECT pg_current_wal_lsn()::text,
+    (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables WHERE schemaname = $1)::float8,
+    (SELECT wal_records FROM pg_stat_wal)::float8`, e.schema).Scan(&lsn, &tuples, &records)
+	return
+}
+
+// measureWAL runs f on a pool opened for it and closed
+// after (its backend then flushes its statistics), and returns the writes
+// and WAL of the window.
+func measureWAL(ctx context.Context, e *env, f func(*sql.DB) error) (walWindow, error) {
+	db, err := e.open(e.dsn)
+	if err != nil {
+		return walWindow{}, err
+	}
+	db.SetMaxOpenConns(2)
+	a, ta, ra, err := walSnapshot(ctx, e)
+	if err != nil {
+		_ = db.Close()
 		return walWindow{}, err
 	}
 	t := time.Now()
-	if err := f(); err != nil {
-		return walWindow{}, err
-	}
+	err = f(db)
 	w := walWindow{took: time.Since(t)}
-	if err := e.db.QueryRowContext(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&b); err != nil {
+	var b string
+	if err == nil {
+		err = e.db.QueryRowContext(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&b)
+	}
+	_ = db.Close()
+	if err != nil {
 		return w, err
 	}
-	if err := e.db.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::float8`, b, a).Scan(&w.server); err != nil {
+	if err := e.db.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::float8`, b, a).Scan(&w.lsnBytes); err != nil {
 		return w, err
 	}
-	if m == nil {
-		return w, nil
+	// The closed backend's statistics reach the shared counters as it
+	// exits; give it a moment.
+	time.Sleep(500 * time.Millisecond)
+	_, tb, rb, err := walSnapshot(ctx, e)
+	if err != nil {
+		return w, err
 	}
-	// pg_walinspect reads only flushed WAL: wait for the WAL writer.
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		var flushed bool
-		if err := e.db.QueryRowContext(ctx, `SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn`, b).Scan(&flushed); err != nil {
-			return w, err
-		}
-		if flushed || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	q := `WITH rels AS (
-    SELECT '/' || d.oid || '/' || pg_relation_filenode(c.oid) || ' ' AS pat
-    FROM pg_class c, pg_database d
-    WHERE c.relnamespace = $3::text::regnamespace AND d.datname = current_database()
-      AND pg_relation_filenode(c.oid) IS NOT NULL
-), recs AS (
-    SELECT xid, resource_manager, record_length, block_ref FROM ` + m.records + `($1::pg_lsn, $2::pg_lsn)
-), mine AS (
-    SELECT r.xid, r.record_length FROM recs r
-    WHERE EXISTS (SELECT 1 FROM rels WHERE strpos(r.block_ref, rels.pat) > 0)
-)
-SELECT (coalesce((SELECT sum(record_length) FROM mine), 0)
-      + coalesce((SELECT sum(record_length) FROM recs
-                  WHERE resource_manager = 'Transaction'
-                    AND xid IN (SELECT xid FROM mine WHERE xid <> '0'::xid)), 0))::float8`
-	err := e.db.QueryRowContext(ctx, q, a, b, e.d.QuoteIdent(e.schema)).Scan(&w.own)
-	return w, err
+	w.tuples, w.records = tb-ta, rb-ra
+	return w, nil
 }
 
 // figBatchRenewal: a Locker holding batchLeases leases (TTL --batch-ttl,
@@ -304,8 +349,8 @@ SELECT (coalesce((SELECT sum(record_length) FROM mine), 0)
 // PostgreSQL acquisitions use a pool with synchronous_commit=off and
 // renewals the counting pool (WithRenewDB).
 // Reported: renewal statements per renewal interval in steady state
-// (target: O(1), at most ceil(N/1000) batches plus one per renewer wake-up
-// (TTL/30 slack, so <= 10 per interval)), leases renewed per statement,
+// (target: O(1), about ceil(N/2500) batches plus one per renewer wake-up
+// (TTL/12 slack, so <= 4 per interval)), leases renewed per statement,
 // coverage (renewals per lease per interval: 1 when the renewer keeps its
 // TTL/3 schedule, less when it falls behind), the batch statement's latency,
 // leases lost (target 0), and heap per held lease (HeapAlloc delta after GC
@@ -459,21 +504,23 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 	t = time.Now()
 	time.Sleep(2 * interval)
 	stmts := inj.Count("")
+	pragmas := inj.Count("PRAGMA busy_timeout")
 	lmu.Lock()
 	renewed, lat := renewOK.Load()-ok0, slices.Clone(batchLat[lat0:])
 	lmu.Unlock()
 	elapsed := time.Since(t)
 	intervals := float64(elapsed) / float64(interval)
 	limit := float64((n+999)/1000 + 10)
-	note := fmt.Sprintf("%d leases acquired in %.1fs; %d statements, %d renewals in %.1fs (%.1f intervals of %s)",
-		n, acquired.Seconds(), stmts, renewed, elapsed.Seconds(), intervals, interval)
+	note := fmt.Sprintf("%d leases acquired in %.1fs; %d statements (%d of them PRAGMA busy_timeout around a batch, SQLite: the bound on its lock wait, H9), %d renewals in %.1fs (%.1f intervals of %s)",
+		n, acquired.Seconds(), stmts, pragmas, renewed, elapsed.Seconds(), intervals, interval)
 	lmu.Lock()
 	lostNote := fmt.Sprintf("%d lost while acquiring (%d lease renewal retries meanwhile, first error: %v), %d in all; reasons %v",
 		lostAcquiring, retriesAcquiring, firstRetryErr, lost.Load(), reasons)
 	lmu.Unlock()
 	out := []Figure{
 		figure("batchrenew.stmts_per_interval", e.dialect, float64(stmts)/intervals, "stmts", nil, atMost(limit, "stmts")),
-		figure("batchrenew.leases_per_stmt", e.dialect, float64(renewed)/max(float64(stmts), 1), "leases", nil, info),
+		figure("batchrenew.batches_per_interval", e.dialect, float64(stmts-pragmas)/intervals, "stmts", nil, info),
+		figure("batchrenew.leases_per_stmt", e.dialect, float64(renewed)/max(float64(stmts-pragmas), 1), "leases", nil, info),
 		figure("batchrenew.coverage", e.dialect, float64(renewed)/float64(n)/intervals, "renewals/lease/interval", nil, info),
 		figure("batchrenew.batch_latency.p50", e.dialect, ms(percentile(lat, 50)), "ms", nil, info),
 		figure("batchrenew.lost", e.dialect, float64(lost.Load()), "leases", nil, exactly(0, "leases")),
@@ -482,6 +529,6 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 	for i := range out {
 		out[i].Note = note
 	}
-	out[4].Note = lostNote
+	out[5].Note = lostNote
 	return out, nil
 }

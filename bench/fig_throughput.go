@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/sqlease/sqlease/lock"
 )
@@ -21,6 +22,42 @@ func sqleaseWorkload(l *lock.Locker, prefix string, mode lock.Mode) workload {
 		}
 		return le.Release(ctx)
 	}}
+}
+
+// sqleaseDoWorkload is the users' path: Do (a blocking acquire with a
+// deadline, the function, Release) on per-client keys prefix<client>.
+func sqleaseDoWorkload(l *lock.Locker, prefix string, mode lock.Mode) workload {
+	return workload{name: "sqlease-do", op: func(ctx context.Context, c int) error {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return l.Do(ctx, prefix+strconv.Itoa(c), mode, func(context.Context, *lock.Lease) error { return nil })
+	}}
+}
+
+// sqleaseAcquireWorkload is Acquire (blocking, background context) +
+// Release on per-client keys prefix<client>.
+func sqleaseAcquireWorkload(l *lock.Locker, prefix string, mode lock.Mode) workload {
+	return workload{name: "sqlease-acquire", op: func(ctx context.Context, c int) error {
+		le, err := l.Acquire(ctx, prefix+strconv.Itoa(c), mode)
+		if err != nil {
+			return err
+		}
+		return le.Release(ctx)
+	}}
+}
+
+// pathFigures reports the Do and Acquire paths against raw, held to the
+// same target as TryAcquire.
+func pathFigures(e *env, name string, res map[string]*series, want target) []Figure {
+	var out []Figure
+	for _, p := range []string{"do", "acquire"} {
+		s := res["sqlease-"+p]
+		f := figure(name+"."+p+".ops", e.dialect, s.median(), "ops/s", base("raw", res["raw"].median()), want)
+		f.Rounds = s.rounds
+		f.Note = "the " + p + " path (blocking acquire, uncontended); median of per-round ops/s"
+		out = append(out, f)
+	}
+	return out
 }
 
 // throughputFigures turns interleaved series into figures: ops/s against
@@ -74,7 +111,8 @@ func figExclusive(ctx context.Context, e *env, clients int) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	ws := []workload{sqleaseWorkload(l, "bench/x/", lock.Exclusive), raw.workload("raw", "bench/x/", false)}
+	ws := []workload{sqleaseWorkload(l, "bench/x/", lock.Exclusive), raw.workload("raw", "bench/x/", false),
+		sqleaseDoWorkload(l, "bench/x/", lock.Exclusive), sqleaseAcquireWorkload(l, "bench/x/", lock.Exclusive)}
 	baselines := []string{"raw"}
 	want := ratioAtLeast(0.7)
 	if e.isPG() {
@@ -98,7 +136,7 @@ func figExclusive(ctx context.Context, e *env, clients int) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	return throughputFigures(e, name, res, baselines, want), nil
+	return append(throughputFigures(e, name, res, baselines, want), pathFigures(e, name, res, want)...), nil
 }
 
 // figShared: uncontended shared acquire+release, clients clients on
@@ -116,7 +154,8 @@ func figShared(ctx context.Context, e *env, clients int) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	ws := []workload{sqleaseWorkload(l, "bench/s/", lock.Shared), raw.workload("raw", "bench/s/", false)}
+	ws := []workload{sqleaseWorkload(l, "bench/s/", lock.Shared), raw.workload("raw", "bench/s/", false),
+		sqleaseDoWorkload(l, "bench/s/", lock.Shared), sqleaseAcquireWorkload(l, "bench/s/", lock.Shared)}
 	baselines := []string{"raw"}
 	want := ratioAtLeast(0.7)
 	if e.isPG() {
@@ -132,5 +171,5 @@ func figShared(ctx context.Context, e *env, clients int) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	return throughputFigures(e, name, res, baselines, want), nil
+	return append(throughputFigures(e, name, res, baselines, want), pathFigures(e, name, res, want)...), nil
 }

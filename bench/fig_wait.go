@@ -85,10 +85,11 @@ func handoffWait(granted <-chan int64, called, returned time.Time) (handoff, err
 
 // figHandoff: contended handoff latency, from the holder's Release call to
 // the waiter's grant. Paths: the waiter in a child process (PostgreSQL:
-// woken by LISTEN/NOTIFY; SQLite: by its own polling), and the waiter in
+// woken by LISTEN/NOTIFY; SQLite: by its watch of the database file), and the waiter in
 // another Locker of this process (woken by the in-process hub). Baseline on
 // PostgreSQL: a session advisory lock, where the server itself hands the
-// lock to the blocked pg_advisory_lock. Target on PostgreSQL: p50 <= 2 ms.
+// lock to the blocked pg_advisory_lock. Targets: p50 <= 2 ms on PostgreSQL,
+// <= 5 ms across processes on SQLite.
 func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 	holder, err := e.newLocker(ctx, e.db)
 	if err != nil {
@@ -187,6 +188,9 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 			t := info
 			if pc == 50 {
 				t = onlyOn("postgres", e.dialect, atMost(2, "ms"))
+				if !e.isPG() && path == "xproc" {
+					t = atMost(5, "ms")
+				}
 			}
 			var b *Baseline
 			if e.isPG() {
@@ -195,7 +199,7 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 			f := figure(fmt.Sprintf("handoff.%s.p%.0f", path, pc), e.dialect, v, "ms", b, t)
 			f.Note = fmt.Sprintf("%d samples; release call -> waiter granted", len(got[path]))
 			if path == "xproc" && !e.isPG() {
-				f.Note += "; no push on SQLite: the other process polls with backoff"
+				f.Note += "; SQLite: the other process watches the database file for commits (sqlitedialect.WatchChanges)"
 			}
 			out = append(out, f)
 		}
@@ -378,8 +382,8 @@ func figWaiterLoad(ctx context.Context, e *env) ([]Figure, error) {
 	kinds := []kind{{"exclusive", lock.Exclusive}, {"shared", lock.Shared}}
 	const perKind = 2
 	// A poll is one acquire attempt: PostgreSQL's acquire function call,
-	// SQLite's write transaction.
-	pollMark := "BEGIN IMMEDIATE"
+	// SQLite's Probe read.
+	pollMark := "WITH b AS"
 	if e.isPG() {
 		pollMark = "sqlease_acquire"
 	}

@@ -32,7 +32,11 @@ import (
 )
 
 func main() {
-	if os.Getenv(childEnv) != "" {
+	switch os.Getenv(childEnv) {
+	case "":
+	case "herd":
+		os.Exit(herdChildMain())
+	default:
 		os.Exit(childMain())
 	}
 	os.Exit(run())
@@ -49,7 +53,7 @@ func run() int {
 	flag.DurationVar(&cfg.duration, "duration", 800*time.Millisecond, "length of one throughput round")
 	flag.DurationVar(&cfg.batchTTL, "batch-ttl", 6*time.Second, "TTL of the leases in the batch-renewal figure (renewed every third of it)")
 	flag.BoolVar(&cfg.batchRenewDB, "batch-renew-db", false, "SQLite: renew the batch-renewal figure's leases through a separate pool (lock.WithRenewDB; always so on PostgreSQL)")
-	only := flag.String("only", "", "run only these comma-separated `STEPS` (roundtrips, exclusive1, exclusive8, shared1, shared8, handoff, takeover, waiterload, crosskey, wal, batch)")
+	only := flag.String("only", "", "run only these comma-separated `STEPS` (roundtrips, exclusive1, exclusive8, shared1, shared8, handoff, herd, takeover, waiterload, crosskey, wal, batch)")
 	flag.BoolVar(&cfg.quick, "quick", false, "shorter run: 3 rounds of 300ms, 3s waiter hold, 2,000 leases in the batch-renewal figure (defaults: 5 rounds of 800ms, 8s hold, 10,000 leases)")
 	flag.Parse()
 	set := map[string]bool{}
@@ -88,6 +92,7 @@ func run() int {
 		{"shared1", "shared, 1 client", func(ctx context.Context, e *env) ([]Figure, error) { return figShared(ctx, e, 1) }},
 		{"shared8", "shared, 8 clients", func(ctx context.Context, e *env) ([]Figure, error) { return figShared(ctx, e, 8) }},
 		{"handoff", "handoff", figHandoff},
+		{"herd", "herd (50 waiters, 5 processes)", figHerd},
 		{"takeover", "takeover", figTakeover},
 		{"waiterload", "waiter load", figWaiterLoad},
 		{"crosskey", "cross-key wait", figCrossKey},
@@ -112,7 +117,7 @@ func run() int {
 		}
 		steps = kept
 	}
-	start, rev := time.Now(), revision()
+	start, rev, startLoad := time.Now(), revision(), loadAverage()
 	fmt.Fprintf(os.Stderr, "bench: %s; engine %s; %s\n", e.dialect, rev, e.machine)
 	var figs []Figure
 	status := 0
@@ -127,7 +132,11 @@ func run() int {
 			}
 			continue
 		}
-		fmt.Fprintf(os.Stderr, "bench: %-28s %5.1fs\n", s.name, time.Since(t).Seconds())
+		load := loadAverage()
+		fmt.Fprintf(os.Stderr, "bench: %-28s %5.1fs, load average %.2f\n", s.name, time.Since(t).Seconds(), load)
+		for i := range fs {
+			fs[i].Load = load
+		}
 		figs = append(figs, fs...)
 	}
 
@@ -135,7 +144,7 @@ func run() int {
 		figs[i].Revision = rev
 	}
 	fmt.Printf("sqlease bench: dialect %s, engine %s, %d rounds x %s, %s total\n", e.dialect, rev, cfg.rounds, cfg.duration, time.Since(start).Round(time.Second))
-	fmt.Printf("machine: %s\n\n", e.machine)
+	fmt.Printf("machine: %s; load average at start %.2f, at end %.2f (column load: when each figure was taken; wall-clock figures are only compared with their baseline from the same run)\n\n", e.machine, startLoad, loadAverage())
 	printTable(os.Stdout, figs)
 	if m := missed(figs); len(m) > 0 {
 		fmt.Printf("\nmissed targets (%d):\n  %s\n", len(m), strings.Join(m, "\n  "))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -39,6 +40,10 @@ type Figure struct {
 	Note string `json:"note,omitempty"`
 	// Revision is the engine version measured (git commit, see revision).
 	Revision string `json:"revision,omitempty"`
+	// Load is the machine's 1-minute load average when the figure was
+	// measured (-1 when unknown): wall-clock figures from a loaded machine
+	// are only comparable with their baseline from the same run.
+	Load float64 `json:"load"`
 }
 
 // Baseline is the comparison number of a Figure.
@@ -130,7 +135,7 @@ func formatValue(v float64, unit string) string {
 // printTable writes the figures as an aligned table.
 func printTable(w io.Writer, figs []Figure) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "figure\tsqlease\tbaseline\tratio\ttarget\tmet")
+	fmt.Fprintln(tw, "figure\tsqlease\tbaseline\tratio\ttarget\tmet\tload")
 	for _, f := range figs {
 		b, r, t, m := "-", "-", "-", "-"
 		if f.Baseline != nil {
@@ -146,7 +151,7 @@ func printTable(w io.Writer, figs []Figure) {
 				m = "NO"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", f.Name, formatValue(f.Value, f.Unit), b, r, t, m)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.2f\n", f.Name, formatValue(f.Value, f.Unit), b, r, t, m, f.Load)
 	}
 	_ = tw.Flush()
 }
@@ -171,4 +176,17 @@ func missed(figs []Figure) []string {
 		}
 	}
 	return out
+}
+
+// loadAverage returns the 1-minute load average from /proc/loadavg, or -1.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	var l float64
+	if _, err := fmt.Sscan(string(b), &l); err != nil {
+		return -1
+	}
+	return l
 }

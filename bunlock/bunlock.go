@@ -96,6 +96,9 @@
 // pool with lock.WithRenewDB (SPEC H7). On SQLite a fenced transaction holds
 // the database write lock until it ends, and every renewal waits behind it:
 // keep fenced transactions much shorter than the TTL.
+//
+// "SPEC H3" and the like cite the numbered rules of docs/contract.md in the
+// repository, the contract sqlease keeps on every dialect.
 package bunlock
 
 import (
@@ -201,7 +204,7 @@ func RunInTx(ctx context.Context, db *bun.DB, lease *lock.Lease, opts *sql.TxOpt
 // dialect, or the inferred one when d is nil.
 func resolve(db *bun.DB, d dialect.Dialect, op string) (dialect.Dialect, error) {
 	if db == nil || db.DB == nil {
-		return nil, fmt.Errorf("bunlock: %s: %w", op, &lock.InputError{Field: "database", Value: "nil",
+		return nil, (&lock.InputError{Pkg: "bunlock: " + op, Field: "database", Value: "nil",
 			Allowed: "pass the application's *bun.DB (bun.NewDB(sqldb, pgdialect.New()) or similar)"})
 	}
 	bunName := db.Dialect().Name()
@@ -224,7 +227,7 @@ func resolve(db *bun.DB, d dialect.Dialect, op string) (dialect.Dialect, error) 
 			if isKnown {
 				hint = fmt.Sprintf("pass sqlease dialect %q or nil to infer it", want.name)
 			}
-			return nil, fmt.Errorf("bunlock: %s: %w", op, &lock.InputError{Field: "dialect", Value: strconv.Quote(d.Name()),
+			return nil, (&lock.InputError{Pkg: "bunlock: " + op, Field: "dialect", Value: strconv.Quote(d.Name()),
 				Allowed: fmt.Sprintf("does not match the bun.DB's dialect %q; %s", bunName, hint)})
 		}
 		return d, nil
@@ -232,16 +235,18 @@ func resolve(db *bun.DB, d dialect.Dialect, op string) (dialect.Dialect, error) 
 	if isKnown {
 		d, err := dialect.Lookup(want.name)
 		if err != nil {
-			return nil, fmt.Errorf("bunlock: %s: bun dialect %q needs sqlease dialect %q, which is not registered (registered: %s): import _ %q, or pass a dialect with bunlock.NewWithDialect(ctx, db, d, opts...): %w",
-				op, bunName, want.name, names(), want.pkg, dialect.ErrUnknownDialect)
+			return nil, &lock.InputError{Pkg: "bunlock: " + op, Field: "bun dialect", Value: strconv.Quote(bunName.String()),
+				Allowed: fmt.Sprintf("needs sqlease dialect %q, which is not registered (registered: %s): import _ %q, or pass a dialect with bunlock.NewWithDialect(ctx, db, d, opts...)", want.name, names(), want.pkg),
+				Err:     dialect.ErrUnknownDialect}
 		}
 		return d, nil
 	}
 	if d, err := dialect.Detect(db.DB); err == nil {
 		return d, nil
 	}
-	return nil, fmt.Errorf("bunlock: %s: bun dialect %q has no sqlease dialect (registered: %s), and none recognizes the driver %T; pass one with bunlock.NewWithDialect(ctx, db, d, opts...): %w",
-		op, bunName, names(), db.DB.Driver(), dialect.ErrUnknownDialect)
+	return nil, &lock.InputError{Pkg: "bunlock: " + op, Field: "bun dialect", Value: strconv.Quote(bunName.String()),
+		Allowed: fmt.Sprintf("has no sqlease dialect (registered: %s), and none recognizes the driver %T; pass one with bunlock.NewWithDialect(ctx, db, d, opts...)", names(), db.DB.Driver()),
+		Err:     dialect.ErrUnknownDialect}
 }
 
 // isNamed reports whether bun names the database n is for (not Invalid or a

@@ -24,6 +24,7 @@ import (
 
 	"github.com/sqlease/sqlease/bunlock"
 	"github.com/sqlease/sqlease/conformance"
+	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/dialect/pgdialect"
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
@@ -53,7 +54,7 @@ func viaBun(bunDialect func() schema.Dialect) func(context.Context, *sql.DB, dia
 // TestConformanceSQLite runs the whole SPEC suite on SQLite files with
 // every Locker built by bunlock.New over a bun.DB.
 func TestConformanceSQLite(t *testing.T) {
-	cfg := conformance.SQLite(t.TempDir())
+	cfg := conftest.SQLiteDriver(t.TempDir(), "sqlite3")
 	// The adapters change only how a Locker is built: the long stress and
 	// churn cases run at full length in the dialect packages.
 	cfg.Short = true
@@ -68,7 +69,7 @@ func TestConformancePostgres(t *testing.T) {
 	if conformance.IsChild() {
 		conformance.Run(t, conformance.Config{})
 	}
-	cfg := conformance.Postgres(conformance.PostgresDSN(t))
+	cfg := conftest.Postgres(conftest.PostgresDSN(t))
 	// The adapters change only how a Locker is built: the long stress and
 	// churn cases run at full length in the dialect packages.
 	cfg.Short = true
@@ -88,13 +89,13 @@ type backend struct {
 
 func sqliteBackend(t *testing.T) backend {
 	return backend{
-		driver: "sqlite3", dsn: conformance.SQLiteDSN(filepath.Join(t.TempDir(), "app.db")),
+		driver: "sqlite3", dsn: conftest.SQLiteDSN(filepath.Join(t.TempDir(), "app.db")),
 		d: sqlitedialect.New(), bun: func() schema.Dialect { return bunsqlite.New() },
 	}
 }
 
 func postgresBackend(t *testing.T) backend {
-	dsn := conformance.PostgresDSN(t)
+	dsn := conftest.PostgresDSN(t)
 	b := make([]byte, 6)
 	_, _ = crand.Read(b)
 	s := "bunlock_t_" + hex.EncodeToString(b)

@@ -68,5 +68,5 @@ func Example() {
 	// Output:
 	// holding invoices/2024-06 exclusive as billing-worker
 	// invoices written under the lease: 1
-	// after release: lock: lease released
+	// after release: lease released
 }

@@ -4,10 +4,14 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/sqlease/sqlease/internal/testnote"
 )
 
-// TestMain fails the package when a goroutine outlives its tests: a lease
+// TestMain says once when the PostgreSQL tests are skipped (no DSN), and
+// fails the package when a goroutine outlives its tests: a lease
 // renewer or a waiter that was never stopped.
 func TestMain(m *testing.M) {
+	testnote.Skipped("sqlease/bunlock", testnote.PostgreSQL)
 	goleak.VerifyTestMain(m)
 }

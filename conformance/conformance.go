@@ -1,18 +1,47 @@
 // Package conformance is the executable form of sqlease's behavioural
-// contract (SPEC.md): every rule has cases named after it (S1_..., H2_...),
+// contract (docs/contract.md): every rule has cases named after it (S1_..., H2_...),
 // and every case runs against any dialect.
 //
-// Run it from a dialect's tests:
+// Run it from a dialect's tests; the configurations of the built-in dialects
+// are in package conformance/conftest:
 //
 //	func TestConformance(t *testing.T) {
-//		conformance.Run(t, conformance.SQLite(t.TempDir()))
+//		conformance.Run(t, conftest.SQLite(t.TempDir()))
 //	}
 //
 // A third-party dialect needs only a Config: its dialect, its database/sql
 // driver name, and a function that prepares an empty, isolated database per
-// case. Cases are skipped only by the dialect's declared capabilities, with
-// the reason, never by its name. The same cases run outside go test through
-// RunCase with any T (the sqlease check command does this).
+// case. This package imports no driver and registers nothing. Cases are
+// skipped only by the dialect's declared capabilities, with the reason,
+// never by its name. The same cases run outside go test through RunCase
+// with any T (the sqlease check command does this).
+//
+// # Child processes
+//
+// Multi-process cases re-run the test binary: the child process enters the
+// same test function, and Run (or ChildMain) does the child's work and
+// exits. Set-up that must not run in a child (creating a database, reading
+// a DSN that may be missing) goes after an IsChild() check:
+//
+//	if conformance.IsChild() {
+//		conformance.Run(t, conformance.Config{})
+//	}
+//
+// # What cases assume of a dialect
+//
+// Cases use the lock tables only through the engine, except for the column
+// contract of the {holders} table: it has a column lease_id (the lease ID,
+// text) and a column token (the lease's fencing token, an integer). Cases
+// delete a lease's row (DELETE FROM {holders} WHERE lease_id = ?), which
+// must end the lease as a takeover would, rows that depend on it included
+// (use ON DELETE CASCADE for a separate expiry table); and they set token to
+// another value (UPDATE {holders} SET token = ? WHERE lease_id = ?), after
+// which the lease's (lease ID, token) must no longer match. Tables the cases
+// create for themselves use portable SQL only: INTEGER, BIGINT, VARCHAR(100)
+// and TEXT columns, INSERT, UPDATE without RETURNING, each placeholder bound
+// once, SELECT, DELETE. Optional interfaces let a dialect help where SQL
+// cannot be portable: LockInspector (watching lock waits) and
+// TransientErrorer (an error value to inject).
 package conformance
 
 import (
@@ -72,6 +101,13 @@ type Config struct {
 	NewLocker func(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...lock.Option) (*lock.Locker, error)
 	// Short shortens stress cases (seconds instead of many seconds).
 	Short bool
+	// IsolationDSN returns a DSN for the case's database dsn whose sessions
+	// default to the transaction isolation level iso, for the S6 cases
+	// (every rule holds whatever the default level). It returns an error
+	// matching errors.ErrUnsupported when the database cannot default to
+	// iso; nil means no level can be set. Either way the case is skipped
+	// with the reason.
+	IsolationDSN func(dsn string, iso sql.IsolationLevel) (string, error)
 }
 
 // Case is one named behavioural test of a SPEC rule.

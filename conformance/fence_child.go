@@ -23,10 +23,10 @@ func init() {
 // (n is the counter value the increment produced, so log order is commit
 // order) and the per-worker report table.
 func createFencedCounterTables(ctx context.Context, db *sql.DB, logTable, report string) error {
-	if _, err := db.ExecContext(ctx, `CREATE TABLE `+logTable+` (n BIGINT PRIMARY KEY, token BIGINT NOT NULL, worker TEXT NOT NULL)`); err != nil {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE `+logTable+` (n BIGINT PRIMARY KEY, token BIGINT NOT NULL, worker VARCHAR(100) NOT NULL)`); err != nil {
 		return err
 	}
-	_, err := db.ExecContext(ctx, `CREATE TABLE `+report+` (worker TEXT PRIMARY KEY, ok BIGINT NOT NULL, lost BIGINT NOT NULL, stale BIGINT NOT NULL, grants BIGINT NOT NULL, orphans BIGINT NOT NULL)`)
+	_, err := db.ExecContext(ctx, `CREATE TABLE `+report+` (worker VARCHAR(100) NOT NULL PRIMARY KEY, ok BIGINT NOT NULL, lost BIGINT NOT NULL, stale BIGINT NOT NULL, grants BIGINT NOT NULL, orphans BIGINT NOT NULL)`)
 	return err
 }
 
@@ -149,7 +149,11 @@ func fencedCounterWorker(ctx context.Context, db *sql.DB, d dialect.Dialect, spe
 				time.Sleep(30 * time.Millisecond)
 			}
 		case 3: // a pause inside the fenced transaction, longer than the TTL
-			if _, err := count(write(lease, spec.TTL*4/3)); err != nil {
+			pause := spec.TTL * 4 / 3
+			if d.Capabilities().Has(dialect.CapFenceIdleTimeout) {
+				pause = spec.TTL * 2 / 3 // the database ends a fenced transaction idle for a TTL
+			}
+			if _, err := count(write(lease, pause)); err != nil {
 				return fmt.Errorf("write with a pause: %w", err)
 			}
 			_ = lease.Release(ctx) // a failed release ends by expiry (SPEC H5)

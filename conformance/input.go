@@ -65,8 +65,9 @@ func inpWantInput(e *Env, what string, err error, field, value string) {
 	}
 }
 
-// inpWantName checks that err matches dialect.ErrInvalidName (and, for the
-// Locker, lock.ErrInvalidInput) and names value.
+// inpWantName checks that err matches dialect.ErrInvalidName (and, when
+// input is set, lock.ErrInvalidInput, the one input sentinel of every
+// package) and names value.
 func inpWantName(e *Env, what string, err error, value string, input bool) {
 	e.T.Helper()
 	if !errors.Is(err, dialect.ErrInvalidName) {
@@ -96,14 +97,28 @@ func d3BadSchemaAndPrefixRejected(e *Env) {
 		inpWantName(e, fmt.Sprintf("lock.New with schema %q", v), err, v, true)
 		for _, ns := range []dialect.Namespace{{Prefix: v}, {Schema: v}} {
 			_, err = migrate.Up(ctx, e.DB, e.Dialect, migrate.WithNamespace(ns))
-			inpWantName(e, fmt.Sprintf("migrate.Up with %+v", ns), err, v, false)
+			inpWantName(e, fmt.Sprintf("migrate.Up with %+v", ns), err, v, true)
 			_, err = migrate.Status(ctx, e.DB, e.Dialect, migrate.WithNamespace(ns))
-			inpWantName(e, fmt.Sprintf("migrate.Status with %+v", ns), err, v, false)
+			inpWantName(e, fmt.Sprintf("migrate.Status with %+v", ns), err, v, true)
 			_, _, err = migrate.Version(ctx, e.DB, e.Dialect, migrate.WithNamespace(ns))
-			inpWantName(e, fmt.Sprintf("migrate.Version with %+v", ns), err, v, false)
+			inpWantName(e, fmt.Sprintf("migrate.Version with %+v", ns), err, v, true)
 			_, err = migrate.FS(e.Dialect, migrate.WithNamespace(ns))
-			inpWantName(e, fmt.Sprintf("migrate.FS with %+v", ns), err, v, false)
+			inpWantName(e, fmt.Sprintf("migrate.FS with %+v", ns), err, v, true)
 		}
+	}
+	// A database's own catalogs are refused as schemas on every dialect,
+	// with the same error, before anything is written.
+	for _, v := range []string{"information_schema", "pg_catalog", "pg_toast", "mysql", "sys", "performance_schema"} {
+		_, err := inpNewLocker(e, e.DB, lock.WithSchema(v))
+		inpWantName(e, fmt.Sprintf("lock.New with schema %q", v), err, v, true)
+		ns := dialect.Namespace{Schema: v}
+		_, err = migrate.Up(ctx, e.DB, e.Dialect, migrate.WithNamespace(ns))
+		inpWantName(e, fmt.Sprintf("migrate.Up with %+v", ns), err, v, true)
+		if err != nil && !strings.Contains(err.Error(), "reserved") {
+			e.T.Errorf("migrate.Up with %+v = %v; want it to say the schema is reserved", ns, err)
+		}
+		_, err = migrate.FS(e.Dialect, migrate.WithNamespace(ns))
+		inpWantName(e, fmt.Sprintf("migrate.FS with %+v", ns), err, v, true)
 	}
 	if n := e.Faults.Count("") - stmts; n != 0 {
 		e.T.Errorf("bad identifiers were rejected only after %d statements reached the database; they must be rejected before", n)
@@ -429,9 +444,24 @@ func i1BadLockerConfig(e *Env) {
 		{lock.WithSafetyMargin(lock.DefaultTTL), "safety margin", lock.DefaultTTL.String()},
 		{lock.WithRenewTimeout(lock.DefaultTTL), "renew timeout", lock.DefaultTTL.String()},
 		{lock.WithPendingWriterTTL(2 * lock.DefaultTTL), "pending-writer TTL", (2 * lock.DefaultTTL).String()},
+		// A zero value is rejected, never silently replaced by the default.
+		{lock.WithTTL(0), "TTL", "0s"},
+		{lock.WithOwner(""), "owner", `""`},
+		{lock.WithRenewTimeout(0), "renew timeout", "0s"},
+		{lock.WithReleaseTimeout(0), "release timeout", "0s"},
+		{lock.WithMaxBackoff(0), "max backoff", "0s"},
+		{lock.WithSweepInterval(0, 0), "sweep interval", "0s"},
 	} {
 		_, err := e.TryNewLocker(nil, c.opt)
 		inpWantInput(e, "option "+c.field+" "+c.value, err, c.field, c.value)
+	}
+	// Key-prefix filters are validated like keys.
+	for _, c := range []struct{ prefix, value string }{
+		{"\xff\xfe", `\xff`}, {"a\x00", `\x00`}, {strings.Repeat("p", lock.MaxKeyLength+1), "ppp"},
+	} {
+		_, _, err := l.Holders(e.Ctx(), c.prefix)
+		inpWantInput(e, "Holders with key prefix "+c.value, err, "key prefix", c.value)
+		inpWantInput(e, "CheckKeyPrefix "+c.value, lock.CheckKeyPrefix(c.prefix), "key prefix", c.value)
 	}
 	if n := e.Faults.Count("") - stmts; n != 0 {
 		e.T.Errorf("%d statements reached the database while bad options were refused; they must be refused before", n)
@@ -452,7 +482,7 @@ func i1BadLockerConfig(e *Env) {
 // migrations, and creates no lock table.
 func i1UnknownDialectAndUnmigrated(e *Env) {
 	ctx := e.Ctx()
-	for _, name := range []string{"nosuchdialect", "", "Postgres ", "mysql"} {
+	for _, name := range []string{"nosuchdialect", "", "Postgres ", "sqlease-surely-unregistered-dialect"} {
 		d, err := dialect.Lookup(name)
 		if d != nil || !errors.Is(err, dialect.ErrUnknownDialect) {
 			e.T.Errorf("Lookup(%q): want ErrUnknownDialect, got %v, %v", name, d, err)

@@ -5,15 +5,13 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"io"
 	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/mattn/go-sqlite3"
 
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/internal/faultdb"
@@ -32,6 +30,7 @@ func init() {
 		Case{Name: "H2_TransientRenewalErrorKeepsLease", Rule: "H2", Run: h2TransientErrorKeepsLease},
 		Case{Name: "H2_PersistentRenewalFailureLosesBeforeTakeover", Rule: "H2", Run: h2PersistentFailureLoses},
 		Case{Name: "H2_LostRenewalReplySettledByNextAttempt", Rule: "H2", Run: h2LostReplySettled},
+		Case{Name: "H2_OversizedRenewalBatchIsSplit", Rule: "H2", Run: h2OversizedBatchSplit},
 		Case{Name: "H3_DeletedLeaseRowSignalsLoss", Rule: "H3", Run: h3DeletedRowSignalsLoss},
 		Case{Name: "H4_ExitRaceKeepsResult", Rule: "H4", Run: h4ExitRaceKeepsResult},
 		Case{Name: "H5_ReleaseWithCancelledContextDeletes", Rule: "H5", Run: h5ReleaseWithCancelledContext},
@@ -39,6 +38,7 @@ func init() {
 		Case{Name: "H5_ReleaseAfterTakeoverIsNotHeld", Rule: "H5", Run: h5ReleaseAfterTakeover},
 		Case{Name: "H6_CancelWhileAcquiringLeaksNothing", Rule: "H6", Run: h6CancelWhileAcquiring},
 		Case{Name: "H6_DoneContextTakesNothing", Rule: "H6", Run: h6DoneContextTakesNothing},
+		Case{Name: "H6_CloseEndsWaitingAcquires", Rule: "H6", Run: h6CloseEndsWaitingAcquires},
 		Case{Name: "H7_RenewalNotStarvedByFullPool", Rule: "H7", Run: h7NotStarvedByFullPool},
 		Case{Name: "H7_HangingRenewalAbandonedAfterRenewTimeout", Rule: "H7", Run: h7HangingRenewalAbandoned},
 		Case{Name: "W2_BackoffScheduleBoundedAndGrowing", Rule: "W2", Run: w2BackoffSchedule},
@@ -104,10 +104,15 @@ func lcRenewalFault(e *Env, r faultdb.Rule) (remove func()) {
 	}
 }
 
-// lcAcquireSQL is the rendered last statement of the Acquire script: the one
-// that reports the outcome, run after any grant of the attempt was written.
+// lcAcquireSQL is the rendered statement that grants an uncontended
+// acquire: the dialect's one-statement Grant when it has one, else the last
+// statement of the Acquire script, the one that reports the outcome, run
+// after any grant of the attempt was written.
 func lcAcquireSQL(e *Env) string {
 	e.T.Helper()
+	if g := e.Dialect.Statements().Grant; g != "" {
+		return lcRendered(e, "Grant", g)
+	}
 	s := e.Dialect.Statements().Acquire
 	if len(s) == 0 {
 		e.T.Fatalf("dialect %q has no Acquire statement", e.Dialect.Name())
@@ -115,16 +120,48 @@ func lcAcquireSQL(e *Env) string {
 	return lcRendered(e, "Acquire", s[len(s)-1])
 }
 
+// TransientErrorer is an optional interface of the Dialect under test:
+// TransientError returns an error value its driver returns for a failure
+// the dialect classifies as retryable (a serialization failure, a busy
+// database). Cases inject it to prove retries (SPEC H2). Without it the
+// cases try, in order, an error with SQLState() "40001", one with Code() 5
+// (SQLITE_BUSY), io.ErrUnexpectedEOF and driver.ErrBadConn, and use the
+// first the dialect classifies as retryable.
+type TransientErrorer interface {
+	TransientError() error
+}
+
+// sqlStateError is a driver error carrying a SQLSTATE, as pgx's, lib/pq's
+// and other drivers' errors do.
+type sqlStateError string
+
+func (e sqlStateError) Error() string    { return "SQLSTATE " + string(e) + " (injected)" }
+func (e sqlStateError) SQLState() string { return string(e) }
+
+// codeError is a driver error carrying a numeric code through Code(), as
+// modernc.org/sqlite's does.
+type codeError int
+
+func (e codeError) Error() string { return fmt.Sprintf("error code %d (injected)", int(e)) }
+func (e codeError) Code() int     { return int(e) }
+
 // lcTransientError returns an error the dialect classifies as retryable
-// (SPEC H2: serialization failure, SQLITE_BUSY, a dropped connection). The
-// candidates are tried in order; the choice is by classification, never by
+// (SPEC H2: serialization failure, SQLITE_BUSY, a dropped connection): the
+// dialect's own TransientError when it has one, else the first candidate
+// it classifies as retryable. The choice is by classification, never by
 // dialect name. driver.ErrBadConn comes last: database/sql retries it on
 // another connection, which hides a single injected failure.
 func lcTransientError(e *Env) error {
 	e.T.Helper()
+	if te, ok := e.Dialect.(TransientErrorer); ok {
+		if err := te.TransientError(); e.Dialect.Classify(err) == dialect.ErrorRetryable {
+			return err
+		}
+		e.T.Errorf("dialect %q: its TransientError() is not classified as retryable", e.Dialect.Name())
+	}
 	candidates := []error{
-		&pgconn.PgError{Severity: "ERROR", Code: "40001", Message: "could not serialize access due to concurrent update (injected)"},
-		sqlite3.Error{Code: sqlite3.ErrBusy},
+		sqlStateError("40001"),
+		codeError(5),
 		io.ErrUnexpectedEOF,
 		driver.ErrBadConn,
 	}
@@ -136,6 +173,15 @@ func lcTransientError(e *Env) error {
 	e.T.Logf("dialect %q classifies none of %v as retryable; injecting %v", e.Dialect.Name(), candidates, io.ErrUnexpectedEOF)
 	return io.ErrUnexpectedEOF
 }
+
+// sqliteBusy is SQLITE_BUSY as both SQLite drivers' errors carry it: a
+// Code() int method (modernc.org/sqlite's *sqlite.Error has one; mattn's
+// sqlite3.Error carries the same number in a field). Package conformance
+// imports no cgo driver, so it cannot build mattn's type.
+type sqliteBusy struct{}
+
+func (sqliteBusy) Error() string { return "database is locked (injected SQLITE_BUSY)" }
+func (sqliteBusy) Code() int     { return 5 }
 
 // lcHolders lists the leases and markers of key (prefix match on key).
 func lcHolders(e *Env, l *lock.Locker, key string) []lock.Holder {
@@ -346,6 +392,83 @@ func h2TransientErrorKeepsLease(e *Env) {
 	}
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
+	}
+}
+
+// h2OversizedBatchSplit: renewal statements that carry more than about 40
+// leases never finish: they hang until their renew timeout ends them, as a
+// batch too big for a slow database would. A Locker holding 240 leases must
+// still keep all of them, renewing in batches small enough to go through
+// (SPEC H2: only an exhausted window or a lease gone from the database
+// means lost). Then the same with batches that fail at once.
+func h2OversizedBatchSplit(e *Env) {
+	ctx := e.Ctx()
+	const (
+		ttl    = 2 * time.Second
+		leases = 240
+		// A lease in a RenewBatch argument is "<32 hex>:<token>" plus
+		// JSON quoting and a comma: at least 36 bytes. The one-lease
+		// Renew statement carries 32.
+		maxBytes = 40 * 36
+	)
+	// A hung batch costs its leases a renew timeout of their windows; a
+	// tenth of the TTL leaves room for the few it takes to find a size
+	// that goes through, on a loaded machine too.
+	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewTimeout(ttl/10))
+	held := make([]*lock.Lease, 0, leases)
+	defer func() {
+		for _, le := range held {
+			_ = le.Release(ctx)
+		}
+	}()
+	for i := 0; i < leases; i++ {
+		le, err := l.TryAcquire(ctx, fmt.Sprintf("h2/batch/%d", i), lock.Exclusive)
+		if err != nil {
+			e.T.Fatalf("acquire %d: %v", i, err)
+		}
+		held = append(held, le)
+	}
+	for _, fault := range []faultdb.Rule{
+		{Action: faultdb.Hang},
+		{Action: faultdb.Fail, Err: lcTransientError(e)},
+	} {
+		what := "hung until their timeout"
+		if fault.Action == faultdb.Fail {
+			what = "failed at once"
+		}
+		var hits atomic.Int64
+		fault.MinArgBytes, fault.Hits = maxBytes, &hits
+		remove := lcRenewalFault(e, fault)
+		first := make([]time.Time, len(held))
+		for i, le := range held {
+			first[i] = le.Expiry()
+		}
+		// Every lease must renew several times, none may be lost.
+		time.Sleep(5 * ttl / 2)
+		remove()
+		lost, stale := 0, 0
+		for i, le := range held {
+			if err := le.Err(); err != nil {
+				if lost == 0 {
+					e.T.Errorf("lease %s lost: %v", le.Key(), err)
+				}
+				lost++
+				continue
+			}
+			if !le.Expiry().After(first[i].Add(ttl)) {
+				stale++
+			}
+		}
+		if lost > 0 || stale > 0 {
+			e.T.Errorf("%d of %d leases lost and %d not renewed past their first TTL while renewal statements with more than %d bytes of arguments %s (%d such statements)", lost, leases, stale, maxBytes, what, hits.Load())
+		}
+		if e.Dialect.Statements().RenewBatch != "" && hits.Load() == 0 && fault.Action == faultdb.Hang {
+			e.T.Errorf("no renewal batch was big enough to hang: the case did not exercise the split")
+		}
+		e.T.Logf("%d renewal statements %s for their size", hits.Load(), what)
+		if lost > 0 {
+			return
+		}
 	}
 }
 
@@ -1192,5 +1315,125 @@ func w3BoundedByContext(e *Env) {
 	}
 	if hs := lcHolders(e, a, "k"); len(hs) != 1 || hs[0].LeaseID != la.LeaseID() {
 		e.T.Errorf("waiters that gave up left rows: %v", hs)
+	}
+}
+
+// h6CloseEndsWaitingAcquires: Close ends acquires that wait for a key held
+// by another Locker: they return ErrClosed before Close returns, having
+// removed their pending-writer markers (and FIFO tickets), and no lease is
+// granted to the closed Locker when the holder lets go.
+func h6CloseEndsWaitingAcquires(e *Env) {
+	ctx := e.Ctx()
+	const ttl = time.Second
+	l, err := e.TryNewLocker(nil, lock.WithTTL(ttl), lock.WithMaxBackoff(50*time.Millisecond))
+	if err != nil {
+		e.T.Fatalf("new locker: %v", err)
+	}
+	other := e.NewLocker(nil, lock.WithTTL(ttl))
+	keys := []string{"x", "s"}
+	fifo := e.Dialect.Capabilities().Has(dialect.CapFIFO)
+	if fifo {
+		keys = append(keys, "q")
+	}
+	var held []*lock.Lease
+	for _, k := range keys {
+		le, err := other.TryAcquire(ctx, k, lock.Exclusive)
+		if err != nil {
+			e.T.Fatalf("acquire %q: %v", k, err)
+		}
+		held = append(held, le)
+	}
+	type result struct {
+		key string
+		le  *lock.Lease
+		err error
+	}
+	results := make(chan result, len(keys))
+	var wg sync.WaitGroup
+	start := func(key string, mode lock.Mode, opts ...lock.AcquireOption) {
+		e.Go(&wg, func() {
+			le, err := l.Acquire(ctx, key, mode, opts...)
+			results <- result{key, le, err}
+		})
+	}
+	start("x", lock.Exclusive) // writes a pending-writer marker
+	start("s", lock.Shared)
+	if fifo {
+		start("q", lock.Exclusive, lock.FIFO()) // writes a ticket
+	}
+	// Wait until the writers' marker (and ticket) are in the table.
+	want := 1
+	if fifo {
+		want = 2
+	}
+	if !Eventually(5*time.Second, func() bool {
+		n := 0
+		for _, h := range lcHolders(e, other, "") {
+			if h.Mode == lock.PendingWriter || h.Mode == lock.Queued {
+				n++
+			}
+		}
+		return n >= want
+	}) {
+		e.T.Fatalf("waiters never wrote their marker/ticket: %v", lcHolders(e, other, ""))
+	}
+	time.Sleep(100 * time.Millisecond) // the shared waiter is polling too
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	began := time.Now()
+	if err := l.Close(cctx); err != nil {
+		e.T.Errorf("close: %v", err)
+	}
+	took := time.Since(began)
+	if limit := 2*time.Second + lcSlack; took > limit {
+		e.T.Errorf("close with waiting acquires took %v, want under %v", took, limit)
+	}
+	// Close waited for the acquires: each has returned, and its goroutine
+	// hands the result over at once (the short grace covers only the
+	// hand-over between Acquire's return and the send).
+	for range keys {
+		select {
+		case r := <-results:
+			if r.le != nil {
+				e.T.Errorf("acquire %q on a closing Locker returned a lease (token %d)", r.key, r.le.Token())
+				_ = r.le.Release(ctx)
+			}
+			if !errors.Is(r.err, lock.ErrClosed) {
+				e.T.Errorf("acquire %q waiting during Close = %v, want ErrClosed", r.key, r.err)
+			}
+		case <-time.After(time.Second):
+			e.T.Errorf("Close returned while an acquire was still waiting")
+			for _, le := range held {
+				_ = le.Release(ctx)
+			}
+			wg.Wait()
+			close(results)
+			for r := range results {
+				if r.le != nil {
+					e.T.Errorf("acquire %q returned a lease after Close (token %d)", r.key, r.le.Token())
+					_ = r.le.Release(ctx)
+				}
+			}
+			return
+		}
+	}
+	wg.Wait()
+	for _, h := range lcHolders(e, other, "") {
+		if h.Mode == lock.PendingWriter || h.Mode == lock.Queued {
+			e.T.Errorf("closed Locker's waiter left a row behind: %+v", h)
+		}
+	}
+	// The holder lets go: nothing is granted to the closed Locker.
+	for _, le := range held {
+		if err := le.Release(ctx); err != nil {
+			e.T.Fatalf("release: %v", err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	if hs := lcHolders(e, other, ""); len(hs) != 0 {
+		e.T.Errorf("rows after the holder released and the waiter's Locker closed: %v", hs)
+	}
+	if _, err := l.TryAcquire(ctx, "x", lock.Exclusive); !errors.Is(err, lock.ErrClosed) {
+		e.T.Errorf("acquire after Close = %v, want ErrClosed", err)
 	}
 }

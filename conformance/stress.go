@@ -86,6 +86,10 @@ type StressSpec struct {
 	CrashPercent         int
 	Duration, TTL, Hold  time.Duration
 	WaitTimeout          time.Duration
+
+	// FIFOPercent of acquires wait in the key's FIFO queue (lock.FIFO,
+	// SPEC W6); the dialect must have dialect.CapFIFO when it is > 0.
+	FIFOPercent int
 }
 
 // CreateLogTable creates the grant log table used by stress cases.
@@ -94,14 +98,40 @@ func CreateLogTable(ctx context.Context, db *sql.DB, table string) error {
 	return err
 }
 
+// grantInsert is the statement that logs one grant to table (see
+// CreateLogTable), with d's placeholders.
+func grantInsert(d dialect.Dialect, table string) string {
+	return fmt.Sprintf(`INSERT INTO %s (lock_key, token, mode, acquired_us, released_us, worker) VALUES (%s, %s, %s, %s, %s, %s)`,
+		table, d.Placeholder(1), d.Placeholder(2), d.Placeholder(3), d.Placeholder(4), d.Placeholder(5), d.Placeholder(6))
+}
+
+// endOfHold is when a lease's hold ends, for the grant log: the database's
+// current time, or the lease's expiry if that came first.
+func endOfHold(ctx context.Context, l *lock.Locker, lease *lock.Lease) (int64, error) {
+	_, now, err := l.Holders(ctx, lease.Key())
+	if err != nil {
+		return 0, fmt.Errorf("holders: %w", err)
+	}
+	return min(now.UnixMicro(), lease.Expiry().UnixMicro()), nil
+}
+
+// joinErrs closes errs and joins what was sent on it.
+func joinErrs(errs chan error) error {
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
+
 // RunStressWorkers runs spec.Workers workers against db. newLocker may be
 // nil (lock.New).
 func RunStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec StressSpec, newLocker func(context.Context, *sql.DB, dialect.Dialect, ...lock.Option) (*lock.Locker, error)) error {
 	if newLocker == nil {
 		newLocker = lock.New
 	}
-	insert := fmt.Sprintf(`INSERT INTO %s (lock_key, token, mode, acquired_us, released_us, worker) VALUES (%s, %s, %s, %s, %s, %s)`,
-		spec.LogTable, d.Placeholder(1), d.Placeholder(2), d.Placeholder(3), d.Placeholder(4), d.Placeholder(5), d.Placeholder(6))
+	insert := grantInsert(d, spec.LogTable)
 	deadline := time.Now().Add(spec.Duration)
 	var wg sync.WaitGroup
 	errs := make(chan error, spec.Workers)
@@ -130,7 +160,11 @@ func RunStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 				if rand.IntN(100) < spec.SharedPercent {
 					mode = lock.Shared
 				}
-				lease, err := l.Acquire(ctx, key, mode, lock.WaitTimeout(spec.WaitTimeout))
+				opts := []lock.AcquireOption{lock.WaitTimeout(spec.WaitTimeout)}
+				if rand.IntN(100) < spec.FIFOPercent {
+					opts = append(opts, lock.FIFO())
+				}
+				lease, err := l.Acquire(ctx, key, mode, opts...)
 				if errors.Is(err, lock.ErrLocked) {
 					continue
 				}
@@ -152,12 +186,10 @@ func RunStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 						return
 					}
 				} else {
-					_, now, err := l.Holders(ctx, key)
-					if err != nil {
-						errs <- fmt.Errorf("holders: %w", err)
+					if released, err = endOfHold(ctx, l, lease); err != nil {
+						errs <- err
 						return
 					}
-					released = min(now.UnixMicro(), lease.Expiry().UnixMicro())
 					if err := lease.Release(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
 						errs <- fmt.Errorf("release: %w", err)
 						return
@@ -175,12 +207,7 @@ func RunStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	var all []error
-	for err := range errs {
-		all = append(all, err)
-	}
-	return errors.Join(all...)
+	return joinErrs(errs)
 }
 
 // Grant is one logged lease.
@@ -246,11 +273,10 @@ func CheckLog(grants []Grant) []string {
 	return bad
 }
 
-// SpawnChildren starts n child processes doing spec's work (each its own
-// worker name) and returns a function that waits for them and returns
-// their combined error. Under go test the children re-run this test
-// binary; elsewhere they re-run os.Args.
-func SpawnChildren(e *Env, n int, spec StressSpec) (wait func() error) {
+// childCommand starts a child process doing spec's work: under go test it
+// re-runs this test binary (only the case's top-level test), elsewhere
+// os.Args. Its output is collected in the returned builder.
+func childCommand(e *Env, spec StressSpec) (*exec.Cmd, *strings.Builder) {
 	e.T.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -263,6 +289,26 @@ func SpawnChildren(e *Env, n int, spec StressSpec) (wait func() error) {
 	} else {
 		args = os.Args[1:]
 	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		e.T.Fatalf("child spec: %v", err)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), childEnv+"="+string(b))
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		e.T.Fatalf("start child: %v", err)
+	}
+	return cmd, out
+}
+
+// SpawnChildren starts n child processes doing spec's work (each its own
+// worker name) and returns a function that waits for them and returns
+// their combined error. Under go test the children re-run this test
+// binary; elsewhere they re-run os.Args.
+func SpawnChildren(e *Env, n int, spec StressSpec) (wait func() error) {
+	e.T.Helper()
 	type proc struct {
 		cmd *exec.Cmd
 		out *strings.Builder
@@ -271,14 +317,7 @@ func SpawnChildren(e *Env, n int, spec StressSpec) (wait func() error) {
 	for i := 0; i < n; i++ {
 		s := spec
 		s.Worker = fmt.Sprintf("proc%d", i)
-		b, _ := json.Marshal(s)
-		cmd := exec.Command(exe, args...)
-		cmd.Env = append(os.Environ(), childEnv+"="+string(b))
-		out := &strings.Builder{}
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			e.T.Fatalf("start child: %v", err)
-		}
+		cmd, out := childCommand(e, s)
 		procs = append(procs, proc{cmd, out})
 	}
 	return func() error {
@@ -292,28 +331,20 @@ func SpawnChildren(e *Env, n int, spec StressSpec) (wait func() error) {
 	}
 }
 
-// stressCase contends Workers goroutines plus 2 processes on 4 keys.
-func stressCase(e *Env, sharedPercent, crashPercent int) {
+// runStress runs a multi-process contention case: it creates the grant log
+// table, starts n children doing childSpec's work (LogTable set), runs
+// inproc in this process meanwhile, waits for the children, and returns
+// the log after reporting every S1/S3 violation CheckLog finds.
+func runStress(e *Env, n int, childSpec StressSpec, inproc func(table string) error) []Grant {
+	e.T.Helper()
 	ctx := e.Ctx()
 	table := e.Table("grants")
 	if err := CreateLogTable(ctx, e.DB, table); err != nil {
 		e.T.Fatalf("create log: %v", err)
 	}
-	dur := 4 * time.Second
-	if e.Config.Short {
-		dur = 1500 * time.Millisecond
-	}
-	spec := StressSpec{
-		Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace, LogTable: table,
-		Worker: "inproc", Workers: 16, Keys: 4, SharedPercent: sharedPercent, CrashPercent: crashPercent,
-		Duration: dur, TTL: 400 * time.Millisecond, Hold: 10 * time.Millisecond, WaitTimeout: time.Second,
-	}
-	wait := SpawnChildren(e, 2, StressSpec{
-		Dialect: spec.Dialect, Driver: spec.Driver, DSN: spec.DSN, Namespace: spec.Namespace, LogTable: table,
-		Workers: 4, Keys: spec.Keys, SharedPercent: sharedPercent, CrashPercent: crashPercent,
-		Duration: dur, TTL: spec.TTL, Hold: spec.Hold, WaitTimeout: spec.WaitTimeout,
-	})
-	err := RunStressWorkers(ctx, e.OpenDB(), e.Dialect, spec, e.Config.NewLocker)
+	childSpec.LogTable = table
+	wait := SpawnChildren(e, n, childSpec)
+	err := inproc(table)
 	if cerr := wait(); cerr != nil {
 		err = errors.Join(err, cerr)
 	}
@@ -324,6 +355,36 @@ func stressCase(e *Env, sharedPercent, crashPercent int) {
 	if err != nil {
 		e.T.Fatalf("read log: %v", err)
 	}
+	for _, line := range CheckLog(grants) {
+		e.T.Errorf("%s", line)
+	}
+	return grants
+}
+
+// stressSpec is the part of a StressSpec that locates the case's database.
+func (e *Env) stressSpec() StressSpec {
+	return StressSpec{Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace}
+}
+
+// stressCase contends Workers goroutines plus 2 processes on 4 keys.
+func stressCase(e *Env, sharedPercent, crashPercent int) {
+	stressCaseFIFO(e, sharedPercent, crashPercent, 0)
+}
+
+// stressCaseFIFO is stressCase with fifoPercent of acquires in FIFO mode.
+func stressCaseFIFO(e *Env, sharedPercent, crashPercent, fifoPercent int) {
+	dur := 4 * time.Second
+	if e.Config.Short {
+		dur = 1500 * time.Millisecond
+	}
+	child := e.stressSpec()
+	child.Workers, child.Keys, child.SharedPercent, child.CrashPercent, child.FIFOPercent = 4, 4, sharedPercent, crashPercent, fifoPercent
+	child.Duration, child.TTL, child.Hold, child.WaitTimeout = dur, 400*time.Millisecond, 10*time.Millisecond, time.Second
+	grants := runStress(e, 2, child, func(table string) error {
+		spec := child
+		spec.LogTable, spec.Worker, spec.Workers = table, "inproc", 16
+		return RunStressWorkers(e.Ctx(), e.OpenDB(), e.Dialect, spec, e.Config.NewLocker)
+	})
 	perWorker := map[string]int{}
 	modes := map[string]int{}
 	for _, g := range grants {
@@ -341,9 +402,6 @@ func stressCase(e *Env, sharedPercent, crashPercent int) {
 	}
 	if sharedPercent > 0 && (modes["shared"] == 0 || modes["exclusive"] == 0) {
 		e.T.Errorf("want both modes granted, got %v", modes)
-	}
-	for _, line := range CheckLog(grants) {
-		e.T.Errorf("%s", line)
 	}
 }
 

@@ -3,11 +3,9 @@ package conformance
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"os/exec"
 	"slices"
 	"sort"
@@ -15,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"testing"
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
@@ -198,31 +195,10 @@ type childProc struct {
 // child is killed at cleanup if it still runs.
 func startChild(e *Env, spec StressSpec) *childProc {
 	e.T.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		e.T.Fatalf("executable: %v", err)
-	}
-	var args []string
-	if testing.Testing() {
-		top, _, _ := strings.Cut(e.T.Name(), "/")
-		args = []string{"-test.run=^" + top + "$", "-test.count=1"}
-	} else {
-		args = os.Args[1:]
-	}
 	if spec.Worker == "" {
 		spec.Worker = "child"
 	}
-	b, err := json.Marshal(spec)
-	if err != nil {
-		e.T.Fatalf("child spec: %v", err)
-	}
-	cmd := exec.Command(exe, args...)
-	cmd.Env = append(os.Environ(), childEnv+"="+string(b))
-	out := &strings.Builder{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		e.T.Fatalf("start child: %v", err)
-	}
+	cmd, out := childCommand(e, spec)
 	c := &childProc{cmd: cmd, out: out}
 	e.T.Cleanup(func() { c.kill() })
 	return c
@@ -525,8 +501,7 @@ func runW1StressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec
 	if err != nil {
 		return fmt.Errorf("writers: %w", err)
 	}
-	insert := fmt.Sprintf(`INSERT INTO %s (lock_key, token, mode, acquired_us, released_us, worker) VALUES (%s, %s, %s, %s, %s, %s)`,
-		spec.LogTable, d.Placeholder(1), d.Placeholder(2), d.Placeholder(3), d.Placeholder(4), d.Placeholder(5), d.Placeholder(6))
+	insert := grantInsert(d, spec.LogTable)
 	deadline := time.Now().Add(spec.Duration)
 	var wg sync.WaitGroup
 	errs := make(chan error, spec.Workers+writers)
@@ -552,12 +527,11 @@ func runW1StressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec
 			}
 			acquired := lease.GrantedAt().UnixMicro()
 			time.Sleep(time.Duration(rand.Int64N(int64(spec.Hold) + 1)))
-			_, now, err := l.Holders(ctx, key)
+			released, err := endOfHold(ctx, l, lease)
 			if err != nil {
-				errs <- fmt.Errorf("%s: holders: %w", name, err)
+				errs <- fmt.Errorf("%s: %w", name, err)
 				return
 			}
-			released := min(now.UnixMicro(), lease.Expiry().UnixMicro())
 			if err := lease.Release(ctx); err != nil {
 				// The release failed (logged; SPEC H5): the lease ends by
 				// expiry.
@@ -581,47 +555,25 @@ func runW1StressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec
 		go run(fmt.Sprintf("%s/w%d", spec.Worker, i), lock.Exclusive)
 	}
 	wg.Wait()
-	close(errs)
-	var all []error
-	for err := range errs {
-		all = append(all, err)
-	}
-	return errors.Join(all...)
+	return joinErrs(errs)
 }
 
 // w1Stress: back-to-back readers and a few writers in this process and two
 // children, on two keys. S1 and S3 hold (CheckLog) and every writer is
 // granted.
 func w1Stress(e *Env) {
-	ctx := e.Ctx()
-	table := e.Table("grants")
-	if err := CreateLogTable(ctx, e.DB, table); err != nil {
-		e.T.Fatalf("create log: %v", err)
-	}
 	dur := 4 * time.Second
 	if e.Config.Short {
 		dur = 2 * time.Second
 	}
-	base := StressSpec{
-		Role: "w1-stress", Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace, LogTable: table,
-		Keys: 2, Duration: dur, TTL: 2 * time.Second, Hold: 60 * time.Millisecond, WaitTimeout: 2 * time.Second,
-	}
-	childSpec := base
-	childSpec.Workers, childSpec.Extra = 2, map[string]string{"writers": "1"}
-	wait := SpawnChildren(e, 2, childSpec)
-	spec := base
-	spec.Worker, spec.Workers, spec.Extra = "inproc", 3, map[string]string{"writers": "2"}
-	err := runW1StressWorkers(ctx, e.OpenDB(), e.Dialect, spec, e.Config.NewLocker)
-	if cerr := wait(); cerr != nil {
-		err = errors.Join(err, cerr)
-	}
-	if err != nil {
-		e.T.Fatalf("stress workers: %v", err)
-	}
-	grants, err := ReadLog(ctx, e.DB, table)
-	if err != nil {
-		e.T.Fatalf("read log: %v", err)
-	}
+	child := e.stressSpec()
+	child.Role, child.Keys, child.Duration, child.TTL, child.Hold, child.WaitTimeout = "w1-stress", 2, dur, 2*time.Second, 60*time.Millisecond, 2*time.Second
+	child.Workers, child.Extra = 2, map[string]string{"writers": "1"}
+	grants := runStress(e, 2, child, func(table string) error {
+		spec := child
+		spec.LogTable, spec.Worker, spec.Workers, spec.Extra = table, "inproc", 3, map[string]string{"writers": "2"}
+		return runW1StressWorkers(e.Ctx(), e.OpenDB(), e.Dialect, spec, e.Config.NewLocker)
+	})
 	perWorker := map[string]int{}
 	for _, g := range grants {
 		perWorker[g.Worker]++
@@ -642,14 +594,14 @@ func w1Stress(e *Env) {
 	}
 	sort.Strings(readers)
 	e.T.Logf("%d grants; writers: %s; readers: %s", len(grants), strings.Join(report, " "), strings.Join(readers, " "))
-	for _, line := range CheckLog(grants) {
-		e.T.Errorf("%s", line)
-	}
 }
 
-// w4Reentrant: one Locker refuses a second acquire of a key it holds or is
-// acquiring, in every form and mode, at once; another Locker is another
-// holder; after Release the key can be acquired again.
+// w4Reentrant: one Locker refuses, in every form and at once, an acquire
+// that would wait behind itself: any acquire of a key it holds or is
+// acquiring exclusively, an exclusive acquire of a key it holds shared. A
+// second shared acquire of a key it holds shared is granted (SPEC W5).
+// Another Locker is another holder; after Release the key can be acquired
+// again.
 func w4Reentrant(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithOwner("w4-l"), lock.WithMaxBackoff(20*time.Millisecond))
@@ -668,9 +620,19 @@ func w4Reentrant(e *Env) {
 			e.T.Errorf("%s: refused after %s, want at once", what, took)
 		}
 	}
-	second := func(key string) {
+	second := func(key string, held lock.Mode) {
 		e.T.Helper()
 		for _, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
+			if held == lock.Shared && m == lock.Shared {
+				// Readers of one Locker share the key (SPEC W5).
+				s, err := l.TryAcquire(ctx, key, lock.Shared)
+				if err != nil {
+					e.T.Errorf("second shared TryAcquire of %s held shared: %v", key, err)
+				} else if err := s.Release(ctx); err != nil {
+					e.T.Errorf("release second shared lease of %s: %v", key, err)
+				}
+				continue
+			}
 			refused(fmt.Sprintf("TryAcquire %s %s", m, key), func() error {
 				_, err := l.TryAcquire(ctx, key, m)
 				return err
@@ -693,7 +655,7 @@ func w4Reentrant(e *Env) {
 		if err != nil {
 			e.T.Fatalf("first %s: %v", m, err)
 		}
-		second(key)
+		second(key, m)
 		// Another Locker of the same process is another holder.
 		x, err := other.TryAcquire(ctx, key, lock.Exclusive)
 		if !errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrReentrant) {
@@ -738,7 +700,7 @@ func w4Reentrant(e *Env) {
 		done <- result{le, err}
 	}()
 	waitForMarker(e, other, key, "w4-l", 5*time.Second)
-	second(key)
+	second(key, lock.Exclusive)
 	select {
 	case r := <-done:
 		e.T.Fatalf("first acquire ended while the key was held: %v", r.err)
@@ -756,7 +718,7 @@ func w4Reentrant(e *Env) {
 	if r.err != nil {
 		e.T.Fatalf("waiting acquire (not deadlocked behind the refused reentrant calls): %v", r.err)
 	}
-	second(key)
+	second(key, lock.Exclusive)
 	if err := r.le.Release(ctx); err != nil {
 		e.T.Fatalf("release: %v", err)
 	}

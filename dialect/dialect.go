@@ -4,8 +4,8 @@
 // classification. The engine in package lock runs that SQL and never branches
 // on a dialect's name, only on the Capabilities it declares.
 //
-// The built-in dialects live in dialect/pgdialect (PostgreSQL) and
-// dialect/sqlitedialect (SQLite). A third-party dialect is a value that
+// The built-in dialects live in dialect/pgdialect (PostgreSQL),
+// dialect/mysqldialect (MySQL, MariaDB) and dialect/sqlitedialect (SQLite). A third-party dialect is a value that
 // implements Dialect, registered with Register, and proven with one
 // conformance.Run call; nothing in this module has to change.
 //
@@ -21,9 +21,15 @@
 //     are listed on Statements). It renders to the dialect's Placeholder(n),
 //     numbered in order of first use, so the engine binds positional
 //     arguments on every driver; keys are never pasted into SQL (SPEC D3).
+//     With numbered placeholders ("$1", "?1") a repeated parameter reuses
+//     its number; with plain "?" every use is a placeholder of its own.
 //
-// A template that still holds a marker after rendering, or names a parameter
-// its operation does not have, is rejected with an error.
+// Markers inside quoted strings, quoted identifiers and comments are not
+// rendered, nor are @@name (MySQL system variables) and @name when name is
+// not a parameter of the operation (MySQL user variables); see Compile.
+// Migration templates are rendered with RenderNames, which replaces every
+// {name}, quoted or not (so a migration can write '{holders}' to get the
+// quoted table name as a string).
 //
 // # Stability
 //
@@ -32,6 +38,9 @@
 // dialect that leaves one empty declares the operation unsupported, and the
 // engine reports errors.ErrUnsupported for it), never as new interface
 // methods.
+//
+// "SPEC H3" and the like cite the numbered rules of docs/contract.md in the
+// repository, the contract sqlease keeps on every dialect.
 package dialect
 
 import (
@@ -47,6 +56,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/pressly/goose/v3/lock"
 )
 
 // Dialect is the SQL a database contributes to the shared engine.
@@ -76,6 +87,33 @@ type Dialect interface {
 	Classify(err error) ErrorClass
 }
 
+// MigrationLocker is implemented by dialects that can serialize concurrent
+// migrate runs (SPEC D1): it returns a goose lock.Locker
+// (github.com/pressly/goose/v3/lock) for the namespace ns, which package
+// migrate passes to goose.WithLocker. The lock must not be session state: it
+// must work through PgBouncer in transaction pooling mode (PostgreSQL uses
+// goose's table locker, MySQL goose's MySQL table locker).
+type MigrationLocker interface {
+	MigrationLocker(ns Namespace) (lock.Locker, error)
+}
+
+// MigrationLockTabler is implemented by a MigrationLocker whose lock lives
+// in a table of the namespace: MigrationLockTable returns that table's name
+// without the namespace's prefix and schema (for example "migration_lock"
+// for "<prefix>migration_lock"), so that migrate.Drop removes it with the
+// rest of the namespace (SPEC D1).
+type MigrationLockTabler interface {
+	MigrationLockTable() string
+}
+
+// MigrationPoolChecker is an optional interface: migrate.Up calls
+// CheckMigrationPool before it writes anything (no CREATE SCHEMA first), so
+// a pool the migrations cannot run on is refused with nothing written. It
+// must only read.
+type MigrationPoolChecker interface {
+	CheckMigrationPool(ctx context.Context, db *sql.DB) error
+}
+
 // DriverMatcher is an optional interface: a Dialect that implements it takes
 // part in Detect, claiming the database/sql drivers it knows.
 type DriverMatcher interface {
@@ -93,8 +131,9 @@ const (
 	// Without it, only a table prefix is accepted.
 	CapSchemas Capability = 1 << iota
 	// CapRowLockFence: Statements.Fence locks the holder row inside the
-	// caller's transaction (PostgreSQL FOR KEY SHARE) and renewals do not
-	// wait for it (SPEC F1, H7).
+	// caller's transaction so that a takeover waits for it and renewals do
+	// not (PostgreSQL FOR KEY SHARE; MySQL a shared lock on a row renewals
+	// do not update) (SPEC F1, H7).
 	CapRowLockFence
 	// CapWriteLockFence: Statements.Fence is a write that takes the
 	// database-wide write lock for the rest of the caller's transaction
@@ -105,12 +144,27 @@ const (
 	// tests that need two concurrent write transactions are skipped.
 	CapConcurrentWriters
 	// CapSessionLockedMigrations: migrations take goose's PostgreSQL
-	// session advisory lock, so concurrent migrate.Up calls queue.
+	// session advisory lock, so concurrent migrate.Up calls queue. A
+	// session lock does not survive PgBouncer's transaction pooling (it is
+	// taken on one server connection and may be released on another): a
+	// dialect that implements MigrationLocker is locked through that
+	// instead, and this flag is then ignored.
 	CapSessionLockedMigrations
 	// CapNotify: Release notifies waiters on @channel, and the dialect
 	// implements Listener, so waiters are woken at once instead of at their
 	// next poll.
 	CapNotify
+	// CapFIFO: the dialect has Statements.AcquireFIFO and Dequeue (and
+	// lists tickets in Holders), so acquires can wait in a strict FIFO
+	// queue of ticket rows per key (SPEC W6).
+	CapFIFO
+	// CapFenceIdleTimeout: Statements.Fence makes the database end the
+	// caller's transaction when it sits idle for about the lease TTL
+	// (PostgreSQL: a transaction-local idle_in_transaction_session_timeout),
+	// so a holder stopped or hung inside a fenced transaction blocks
+	// takeover for about one TTL, not for as long as it is stopped
+	// (SPEC F1).
+	CapFenceIdleTimeout
 )
 
 // Listener is implemented by dialects with CapNotify: Listen turns conn
@@ -123,12 +177,31 @@ type Listener interface {
 	Listen(ctx context.Context, conn *sql.Conn, channel string, deliver func(payload string), ready func()) error
 }
 
+// ChangeWatcher is implemented by dialects that can see commits to the
+// database without sending a statement (SQLite on Linux: inotify on the
+// database's directory). WatchChanges finds the database through db (it may
+// borrow a connection briefly and holds none while it watches), calls ready
+// once it watches, then calls changed after commits by any connection or
+// process (at least once after each commit becomes visible; calls may be
+// coalesced or spurious) until ctx ends, and returns ctx's error then. It
+// returns an error matching errors.ErrUnsupported when db's database cannot
+// be watched (an in-memory database, no inotify). It must not disturb the
+// driver: SQLite's watch opens none of the database's files, whose POSIX
+// locks a close would drop. The engine uses it like CapNotify's Listener
+// for waiters in other processes: a blocked acquire polls rarely and
+// attempts again after a change, at most about 20 times per second per
+// waiter and 100 per pool while the database is busy. Wake-ups are hints:
+// no rule depends on them (SPEC W2).
+type ChangeWatcher interface {
+	WatchChanges(ctx context.Context, db *sql.DB, changed func(), ready func()) error
+}
+
 // Has reports whether every flag in c is set.
 func (cs Capabilities) Has(c Capability) bool { return cs&c == c }
 
 // String lists the set flags, for messages.
 func (cs Capabilities) String() string {
-	names := []string{"schemas", "row-lock-fence", "write-lock-fence", "concurrent-writers", "session-locked-migrations", "notify"}
+	names := []string{"schemas", "row-lock-fence", "write-lock-fence", "concurrent-writers", "session-locked-migrations", "notify", "fifo", "fence-idle-timeout"}
 	var out []string
 	for i, n := range names {
 		if cs&(1<<i) != 0 {
@@ -153,6 +226,19 @@ const (
 	ErrorConflict
 	// ErrorUndefinedTable: the lock tables do not exist (schema not migrated).
 	ErrorUndefinedTable
+	// ErrorIsolation: the statement refused to run under the isolation
+	// level of its transaction and did nothing (the session defaults to a
+	// level its checks were not proved for). The engine runs it again in a
+	// transaction begun with Statements.Isolation (SPEC S6).
+	ErrorIsolation
+	// ErrorConnection: the connection failed while the statement may have
+	// been in flight (for example pgx's "conn closed" after a send), so it
+	// may or may not have taken effect. The engine retries it while a
+	// caller waits and treats its outcome as unknown: an acquire that got
+	// it is undone before going on (SPEC H6, H9). Failures the engine
+	// recognizes without the dialect (io.EOF, net.Error,
+	// driver.ErrBadConn) need not be reported with this class.
+	ErrorConnection
 )
 
 func (c ErrorClass) String() string {
@@ -163,6 +249,10 @@ func (c ErrorClass) String() string {
 		return "conflict"
 	case ErrorUndefinedTable:
 		return "undefined-table"
+	case ErrorIsolation:
+		return "isolation"
+	case ErrorConnection:
+		return "connection"
 	}
 	return "other"
 }
@@ -178,7 +268,9 @@ func (c ErrorClass) String() string {
 // @limit (int64 row limit), @key_prefix (text, a LIKE-free prefix
 // filter; empty matches all), @leases (text: a JSON array of
 // "leaseID:token" strings), @channel (text: the notification channel of
-// the namespace, see CapNotify).
+// the namespace, see CapNotify), @ticket_id (text: the FIFO waiter's ticket
+// ID, stable for the whole acquire), @ticket_us (int64 ticket TTL in
+// microseconds, 0 = do not write the ticket; see AcquireFIFO).
 //
 // Times returned by statements are int64 microseconds since the Unix epoch in
 // the database's clock (SPEC S2), as columns named *_us.
@@ -213,6 +305,14 @@ type Statements struct {
 	// BeginWrite opens a write transaction for a multi-statement Acquire
 	// ("BEGIN IMMEDIATE" on SQLite). Empty means the driver's BeginTx.
 	BeginWrite string
+	// Isolation is the isolation level the Acquire script was proved for
+	// (SPEC S6), when the session's default may differ (sql.LevelDefault:
+	// any level is fine). An Acquire statement that
+	// detects another level fails with an error Classify maps to
+	// ErrorIsolation, having done nothing; the engine then runs the script
+	// in a transaction begun with sql.TxOptions{Isolation: Isolation}, and
+	// keeps doing so for that Locker. PostgreSQL: sql.LevelReadCommitted.
+	Isolation sql.IsolationLevel
 	// Renew extends exactly the live lease (@lease_id, @token) to now +
 	// @ttl_us, changing no key column, and returns (expires_us, now_us).
 	// No row means the lease is gone or not ours (SPEC S4, H2).
@@ -229,8 +329,11 @@ type Statements struct {
 	// deleted. @token = 0 matches any token of @lease_id: the engine uses it
 	// only to undo an acquire whose reply it never saw (lease IDs are random
 	// and never reused). A dialect with CapNotify also notifies @channel
-	// with the key in the same statement. Parameters: @lease_id @token
-	// @channel (SPEC S4, H5, H6, D2).
+	// in the same statement, at least when a waiter of the key may be
+	// granted now; the payload is the key, or, to wake only the waiter of
+	// the key's live pending-writer marker, "\x1e" + its waiter ID +
+	// "\x1e" + the key (a hint: waiters also poll). Parameters: @lease_id
+	// @token @channel (SPEC S4, H5, H6, D2).
 	Release string
 	// ClearMarker removes the pending-writer marker of waiter @lease_id on
 	// @key, when a waiter gives up (SPEC W1).
@@ -238,21 +341,82 @@ type Statements struct {
 	// Fence runs inside the caller's transaction: it returns one row
 	// (expires_us, now_us) when the lease (@lease_id, @token) is live and
 	// keeps it from being taken over until the transaction ends; no row
-	// means lost (SPEC F1, F2).
+	// means lost (SPEC F1, F2). @ttl_us (the lease TTL) may be used to
+	// bound how long the database lets the transaction sit idle
+	// (CapFenceIdleTimeout).
 	Fence string
 	// Holders lists every lease and pending-writer marker whose key starts
 	// with @key_prefix, expired ones included, as rows (key, mode, lease_id,
 	// owner, token, expires_us, now_us) ordered by key and token; markers
-	// have mode "w" and token 0.
+	// have mode "w" and token 0. A dialect with CapFIFO lists FIFO tickets
+	// too: mode "q", the ticket ID as lease_id, its sequence number as
+	// token.
 	Holders string
 	// Sweep is a script run like Acquire. It deletes at most @limit expired
 	// holder rows, plus expired markers and idle per-key rows, in one short
 	// transaction; the RowsAffected of its last statement is the number of
-	// holder rows deleted (SPEC D2).
+	// holder rows deleted (SPEC D2), unless SweepReturnsCount is set.
 	Sweep []string
+	// SweepReturnsCount says that the last Sweep statement is a query
+	// returning one row with one integer column: the number of holder rows
+	// deleted. Use it when RowsAffected cannot say (MySQL's CALL reports the
+	// sum over every statement inside the procedure).
+	SweepReturnsCount bool
+	// ScriptIsolation is the isolation level of the transaction a
+	// multi-statement Acquire or Sweep script runs in when BeginWrite is
+	// empty (sql.LevelDefault: the connection's default). The engine opens
+	// it with db.BeginTx; a dialect whose statements are correct only under
+	// a given level declares it here (SPEC S6).
+	ScriptIsolation sql.IsolationLevel
 	// CountRows returns one row, one column: the number of rows in all lock
 	// tables except the token counter and the version table (SPEC D2).
 	CountRows string
+
+	// AcquireFIFO is Acquire for strict FIFO waiters (SPEC W6), a script run
+	// like Acquire with its parameters plus @ticket_id and @ticket_us, and
+	// the same result rows; refused rows also list, with mode "q", token =
+	// sequence number and the ticket's expiry, every live ticket of @key
+	// ahead of the caller's that conflicts with @mode. Rules, on top of
+	// Acquire's: expired tickets of @key are removed first; when @ticket_us
+	// > 0 the caller's ticket (@ticket_id: @key, @mode, @owner) is inserted
+	// with the next sequence number and the database time, or, when it
+	// exists, its expiry is moved to now + @ticket_us; a request is granted
+	// only when no live ticket with a smaller sequence number conflicts with
+	// it (an exclusive one for a shared request, any for an exclusive one);
+	// a caller without a live ticket (a try) counts as behind every ticket.
+	// A grant deletes the caller's ticket. The pending-writer marker is set
+	// only when no ticket is ahead of the caller. A refused attempt with
+	// @ticket_us, @marker_us and @watch_us all 0 writes nothing. Optional
+	// with CapFIFO.
+	AcquireFIFO []string
+	// ProbeFIFO is Probe for AcquireFIFO (optional; parameters as
+	// AcquireFIFO, run only when @ticket_us, @marker_us and @watch_us are
+	// 0): the refusal rows, ticket rows included, or no row when the
+	// request looks grantable.
+	ProbeFIFO string
+	// Dequeue deletes the ticket @ticket_id (a FIFO waiter gives up; SPEC
+	// W6). Required with AcquireFIFO.
+	Dequeue string
+
+	// Grant is an optional one-statement fast path for the uncontended
+	// case, run alone in autocommit (parameters as Acquire): it grants the
+	// request exactly when Acquire would, taking over expired holders and
+	// markers of @key and clearing the caller's own marker, and returns
+	// Acquire's granted row; otherwise it returns no row and changes
+	// nothing that blocks or grants (SPEC S1, S2, S3, W1). The engine runs
+	// it before Acquire (after a Probe that found no blocker, or first on a
+	// blocking acquire's first attempt) and runs Acquire when it returns no
+	// row. Not used for FIFO acquires.
+	Grant string
+	// Mark is an optional one-statement marker refresh, run alone in
+	// autocommit by a blocked exclusive waiter after Probe reported
+	// blockers and @marker_us > 0: it sets or refreshes the caller's
+	// pending-writer marker on @key (@lease_id, @owner, expiry now +
+	// @marker_us) unless another waiter's live marker holds the claim (an
+	// expired one is taken over), and returns one row (expires_us, now_us)
+	// when the caller's marker is set, none otherwise (SPEC W1). Without it
+	// the engine runs the Acquire script to refresh a marker.
+	Mark string
 }
 
 // Namespace says where the lock objects live: an optional schema (dialects
@@ -269,43 +433,116 @@ const DefaultPrefix = "sqlease_"
 // derived object name fits PostgreSQL's 63-byte identifiers.
 const MaxIdentifierLength = 40
 
+// ErrInvalidInput is matched (errors.Is) by every error sqlease returns
+// for bad input, in every package: a bad key, key prefix, TTL, duration,
+// option, schema name, table prefix, dialect name or nil argument (rule I1
+// of docs/contract.md). lock.ErrInvalidInput is this same value, so one
+// errors.Is check covers lock, migrate, dialect and the adapters. Detail:
+// *InputError.
+var ErrInvalidInput = errors.New("invalid input")
+
 // ErrInvalidName is matched (errors.Is) by every error about a bad schema
-// name or prefix (SPEC D3, I1).
+// name or table prefix (rules D3, I1); those errors are *InputError values
+// and match ErrInvalidInput too.
 var ErrInvalidName = errors.New("invalid identifier")
+
+// InputError names a bad input value and what is allowed (rule I1). It is
+// the one input-error type of every sqlease package (lock.InputError is an
+// alias of it). It matches ErrInvalidInput, and Err when set (ErrInvalidName
+// for a schema or prefix, ErrUnknownDialect for a dialect name).
+type InputError struct {
+	// Pkg is the package that reports it ("lock", "migrate", "dialect");
+	// it starts the message.
+	Pkg string
+	// Field names the input: "key", "key prefix", "TTL", "schema", ...
+	Field string
+	// Value is the bad value, quoted or formatted (long values clipped).
+	Value string
+	// Allowed says what would be accepted.
+	Allowed string
+	// Err is a more specific sentinel the error also matches, or nil.
+	Err error
+}
+
+func (e *InputError) Error() string {
+	pkg := e.Pkg
+	if pkg == "" {
+		pkg = "sqlease"
+	}
+	return fmt.Sprintf("%s: invalid %s %s: %s", pkg, e.Field, e.Value, e.Allowed)
+}
+
+// Is matches ErrInvalidInput.
+func (e *InputError) Is(target error) bool { return target == ErrInvalidInput }
+
+// Unwrap returns Err, the more specific sentinel, if any.
+func (e *InputError) Unwrap() error { return e.Err }
+
+// Relabel returns err with its *InputError, if err is one, reported by
+// package pkg instead; any other error is returned unchanged. Packages that
+// pass a dialect's validation error on use it so the message starts with
+// their own name, once.
+func Relabel(err error, pkg string) error {
+	var ie *InputError
+	if errors.As(err, &ie) && ie.Pkg != pkg {
+		c := *ie
+		c.Pkg = pkg
+		return &c
+	}
+	return err
+}
 
 // Validate checks the schema and prefix: each must be empty or match
 // [a-z_][a-z0-9_]* and be at most MaxIdentifierLength bytes; a schema is only
-// allowed when d has CapSchemas. Errors match ErrInvalidName and name the bad
-// value (SPEC D3, I1).
+// allowed when d has CapSchemas (PostgreSQL; not SQLite), and never a
+// reserved one (ReservedSchema), whatever the dialect. Errors are
+// *InputError values matching ErrInvalidName and ErrInvalidInput that name
+// the bad value (rules D3, I1).
 func (ns Namespace) Validate(d Dialect) error {
-	check := func(what, v string, allowEmpty bool) error {
+	const allowed = "only lower-case letters, digits and '_', not starting with a digit"
+	bad := func(what, v, why string) error {
+		return &InputError{Pkg: "dialect", Field: what, Value: fmt.Sprintf("%q", clip(v)), Allowed: why, Err: ErrInvalidName}
+	}
+	check := func(what, v string) error {
 		if v == "" {
-			if allowEmpty {
-				return nil
-			}
-			return fmt.Errorf("dialect: %s is empty: %w", what, ErrInvalidName)
+			return nil
 		}
 		if len(v) > MaxIdentifierLength {
-			return fmt.Errorf("dialect: %s %q is %d bytes, at most %d allowed: %w", what, v, len(v), MaxIdentifierLength, ErrInvalidName)
+			return bad(what, v, fmt.Sprintf("is %d bytes, at most %d allowed; %s", len(v), MaxIdentifierLength, allowed))
 		}
 		for i, r := range v {
 			ok := r == '_' || (r >= 'a' && r <= 'z') || (i > 0 && r >= '0' && r <= '9')
 			if !ok {
-				return fmt.Errorf("dialect: %s %q: only lower-case letters, digits and '_' are allowed, not starting with a digit: %w", what, v, ErrInvalidName)
+				return bad(what, v, allowed)
 			}
 		}
 		return nil
 	}
-	if err := check("schema", ns.Schema, true); err != nil {
+	if err := check("schema", ns.Schema); err != nil {
 		return err
 	}
-	if err := check("prefix", ns.Prefix, true); err != nil {
+	if ReservedSchema(ns.Schema) {
+		return bad("schema", ns.Schema, "is reserved for the database's own catalogs (names starting with pg_, information_schema, mysql, sys, performance_schema); choose another schema")
+	}
+	if err := check("prefix", ns.Prefix); err != nil {
 		return err
 	}
 	if ns.Schema != "" && d != nil && !d.Capabilities().Has(CapSchemas) {
-		return fmt.Errorf("dialect: schema %q: dialect %q has no schemas, use a table prefix instead: %w", ns.Schema, d.Name(), ErrInvalidName)
+		return bad("schema", ns.Schema, fmt.Sprintf("dialect %q has no schemas (only dialects with CapSchemas, such as postgres, do); use a table prefix instead", d.Name()))
 	}
 	return nil
+}
+
+// ReservedSchema reports whether schema is a database's own catalog, which
+// Namespace.Validate rejects for every dialect (rule D3): names starting
+// with "pg_" (PostgreSQL), "information_schema" (SQL standard), "mysql",
+// "sys" and "performance_schema" (MySQL, MariaDB).
+func ReservedSchema(schema string) bool {
+	switch schema {
+	case "information_schema", "mysql", "sys", "performance_schema":
+		return true
+	}
+	return strings.HasPrefix(schema, "pg_")
 }
 
 func (ns Namespace) prefix() string {
@@ -392,29 +629,91 @@ func (s Stmt) Args(values map[string]any) []any {
 	return args
 }
 
-// Compile renders a statement template: object markers through ns, and each
-// @param (which must be in allowed) to d.Placeholder. Text inside single
-// quotes is left alone. It fails on a parameter not in allowed or a stray
-// marker.
+// Compile renders a statement template: each {name} object marker through
+// ns, and each @param (which must be in allowed) to d.Placeholder.
+//
+// Markers are recognized only in SQL text proper: text inside single-quoted
+// strings ('...', a doubled quote escaping one; backslash escapes are not
+// understood, so templates must not use them), double-quoted and
+// backtick-quoted identifiers, -- line comments and /* */ block comments is
+// copied unchanged. @@name (a MySQL system variable) and @name where name is
+// not in allowed (a MySQL user variable) are copied unchanged too.
+//
+// Placeholders are numbered in order of first use. When the dialect's
+// placeholders carry their number (Placeholder(1) != Placeholder(2), as
+// "$1" or "?1"), a repeated @param reuses its placeholder and binds once;
+// otherwise ("?" drivers such as MySQL's) each use gets a placeholder of its
+// own and Stmt.Params lists the parameter once per use, so Args binds as
+// many values as there are placeholders.
+//
+// It fails on an unterminated or bad {marker}, an '@' not followed by a
+// name, or an unterminated quote or comment.
 func Compile(d Dialect, ns Namespace, template string, allowed []string) (Stmt, error) {
-	text, err := ns.RenderNames(d, template)
-	if err != nil {
-		return Stmt{}, err
-	}
+	numbered := d.Placeholder(1) != d.Placeholder(2)
+	text := template
 	var b strings.Builder
 	var params []string
-	inQuote := false
+	isName := func(c byte) bool { return c == '_' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
 	for i := 0; i < len(text); i++ {
 		c := text[i]
-		if c == '\'' {
-			inQuote = !inQuote
+		// Quoted text and comments are copied as they are.
+		end := -1
+		switch {
+		case c == '\'' || c == '"' || c == '`':
+			j := strings.IndexByte(text[i+1:], c)
+			if j < 0 {
+				return Stmt{}, fmt.Errorf("dialect: unterminated %c quote in %q", c, clip(text[i:]))
+			}
+			end = i + 1 + j + 1 // a doubled quote is two adjacent quoted runs
+		case c == '-' && i+1 < len(text) && text[i+1] == '-':
+			j := strings.IndexByte(text[i:], '\n')
+			if j < 0 {
+				end = len(text)
+			} else {
+				end = i + j + 1
+			}
+		case c == '/' && i+1 < len(text) && text[i+1] == '*':
+			j := strings.Index(text[i+2:], "*/")
+			if j < 0 {
+				return Stmt{}, fmt.Errorf("dialect: unterminated comment in %q", clip(text[i:]))
+			}
+			end = i + 2 + j + 2
 		}
-		if c != '@' || inQuote {
+		if end >= 0 {
+			b.WriteString(text[i:end])
+			i = end - 1
+			continue
+		}
+		switch c {
+		case '{':
+			j := strings.IndexByte(text[i:], '}')
+			if j < 0 {
+				return Stmt{}, fmt.Errorf("dialect: unterminated marker %q", clip(text[i:]))
+			}
+			name := text[i+1 : i+j]
+			if !isIdent(name) {
+				return Stmt{}, fmt.Errorf("dialect: bad object marker {%s}", name)
+			}
+			b.WriteString(ns.Object(d, name))
+			i += j
+			continue
+		case '@':
+		default:
 			b.WriteByte(c)
 			continue
 		}
+		if i+1 < len(text) && text[i+1] == '@' {
+			// @@system_variable: copy it with its name.
+			j := i + 2
+			for j < len(text) && (isName(text[j]) || text[j] == '.' || text[j] >= 'A' && text[j] <= 'Z') {
+				j++
+			}
+			b.WriteString(text[i:j])
+			i = j - 1
+			continue
+		}
 		j := i + 1
-		for j < len(text) && (text[j] == '_' || text[j] >= 'a' && text[j] <= 'z' || text[j] >= '0' && text[j] <= '9') {
+		for j < len(text) && isName(text[j]) {
 			j++
 		}
 		name := text[i+1 : j]
@@ -422,10 +721,13 @@ func Compile(d Dialect, ns Namespace, template string, allowed []string) (Stmt, 
 			return Stmt{}, fmt.Errorf("dialect: stray '@' in %q", clip(text))
 		}
 		if !slices.Contains(allowed, name) {
-			return Stmt{}, fmt.Errorf("dialect: parameter @%s is not one of %v", name, allowed)
+			// Not a parameter of the operation: a user variable.
+			b.WriteString(text[i:j])
+			i = j - 1
+			continue
 		}
 		n := slices.Index(params, name)
-		if n < 0 {
+		if n < 0 || !numbered {
 			params = append(params, name)
 			n = len(params) - 1
 		}
@@ -478,18 +780,21 @@ func Register(d Dialect) {
 	registry[name] = d
 }
 
-// ErrUnknownDialect is matched (errors.Is) by Lookup and Detect failures.
+// ErrUnknownDialect is matched (errors.Is) by Lookup and Detect failures;
+// those are *InputError values and match ErrInvalidInput too (rule I1).
 var ErrUnknownDialect = errors.New("unknown dialect")
 
-// Lookup returns the registered dialect called name. The error matches
-// ErrUnknownDialect and lists the registered names (SPEC I1).
+// Lookup returns the registered dialect called name. The error is an
+// *InputError matching ErrUnknownDialect and ErrInvalidInput that lists the
+// registered names (rule I1).
 func Lookup(name string) (Dialect, error) {
 	regMu.RLock()
 	d, ok := registry[name]
 	regMu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("dialect: %q is not registered (registered: %s; import its package, e.g. github.com/sqlease/sqlease/dialect/pgdialect): %w",
-			name, strings.Join(Names(), ", "), ErrUnknownDialect)
+		return nil, &InputError{Pkg: "dialect", Field: "dialect name", Value: fmt.Sprintf("%q", clip(name)),
+			Allowed: fmt.Sprintf("not registered (registered: %s; import its package, e.g. github.com/sqlease/sqlease/dialect/pgdialect)", strings.Join(Names(), ", ")),
+			Err:     ErrUnknownDialect}
 	}
 	return d, nil
 }
@@ -507,12 +812,15 @@ func Names() []string {
 }
 
 // Detect picks the registered dialect whose DriverMatcher claims db's driver
-// (pgx and lib/pq: "postgres"; mattn/go-sqlite3 and modernc.org/sqlite:
-// "sqlite"). The error matches ErrUnknownDialect and names the driver type;
-// pass a dialect explicitly to override detection.
+// (pgx and lib/pq: "postgres"; go-sql-driver/mysql: "mysql";
+// mattn/go-sqlite3 and modernc.org/sqlite: "sqlite"). The error is an
+// *InputError matching ErrUnknownDialect and ErrInvalidInput that names the
+// driver type (a nil db matches ErrInvalidInput); pass a dialect explicitly
+// to override detection. The built-in dialects print their name (fmt's
+// %v), so a detected dialect can be logged as is.
 func Detect(db *sql.DB) (Dialect, error) {
 	if db == nil {
-		return nil, errors.New("dialect: Detect: db is nil")
+		return nil, &InputError{Pkg: "dialect", Field: "database", Value: "nil", Allowed: "Detect needs an open *sql.DB"}
 	}
 	drv := db.Driver()
 	regMu.RLock()
@@ -527,10 +835,12 @@ func Detect(db *sql.DB) (Dialect, error) {
 	case 1:
 		return found[0], nil
 	case 0:
-		return nil, fmt.Errorf("dialect: no registered dialect (%s) recognizes driver %T; pass one explicitly: %w",
-			strings.Join(namesLocked(), ", "), drv, ErrUnknownDialect)
+		return nil, &InputError{Pkg: "dialect", Field: "driver", Value: fmt.Sprintf("%T", drv),
+			Allowed: fmt.Sprintf("no registered dialect (%s) recognizes it; pass one explicitly", strings.Join(namesLocked(), ", ")),
+			Err:     ErrUnknownDialect}
 	}
-	return nil, fmt.Errorf("dialect: several dialects claim driver %T; pass one explicitly: %w", drv, ErrUnknownDialect)
+	return nil, &InputError{Pkg: "dialect", Field: "driver", Value: fmt.Sprintf("%T", drv),
+		Allowed: "several registered dialects claim it; pass one explicitly", Err: ErrUnknownDialect}
 }
 
 func namesLocked() []string {

@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -68,7 +70,16 @@ func benchTargets(b *testing.B) []benchTarget {
 		defer db.Close()
 		_, _ = db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+pgdialect.New().QuoteIdent(schema)+" CASCADE")
 	})
-	return append(out, t)
+	out = append(out, t)
+	// The same schema through sessions defaulting to REPEATABLE READ: the
+	// acquire runs in an explicit READ COMMITTED transaction (SPEC S6).
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	rr := benchOpen(b, "postgres-repeatable-read", pgdialect.New(), "pgx",
+		dsn+sep+"options=-c%20default_transaction_isolation%3Drepeatable%5C%20read", dialect.Namespace{Schema: schema})
+	return append(out, rr)
 }
 
 // benchOpen opens a counting pool on dsn and migrates the lock tables.
@@ -254,6 +265,135 @@ func BenchmarkDo(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
+			})
+		})
+	}
+}
+
+// BenchmarkFIFO: what the FIFO option (SPEC W6) costs next to the default.
+// try: an uncontended TryAcquire + Release (a FIFO try takes no ticket,
+// but checks the queue); refused: a poll of a held key (read-only in both
+// modes); handoff: 4 Lockers take turns on one key with blocking Do calls
+// (FIFO waiters write their ticket when they start waiting and at a third
+// of its TTL).
+func BenchmarkFIFO(b *testing.B) {
+	ctx := context.Background()
+	for _, t := range benchTargets(b) {
+		for _, fifo := range []bool{false, true} {
+			var opts []lock.AcquireOption
+			name := t.name + "/default"
+			if fifo {
+				opts, name = []lock.AcquireOption{lock.FIFO()}, t.name+"/fifo"
+			}
+			b.Run(name+"/try", func(b *testing.B) {
+				l := t.locker(b)
+				t.measure(b, func() {
+					for b.Loop() {
+						le, err := l.TryAcquire(ctx, "bench/fifo/try", lock.Exclusive, opts...)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := le.Release(ctx); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			})
+			b.Run(name+"/refused", func(b *testing.B) {
+				holder, poller := t.locker(b), t.locker(b)
+				le, err := holder.TryAcquire(ctx, "bench/fifo/held", lock.Exclusive)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer le.Release(ctx)
+				t.measure(b, func() {
+					for b.Loop() {
+						if _, err := poller.TryAcquire(ctx, "bench/fifo/held", lock.Exclusive, opts...); !errors.Is(err, lock.ErrLocked) {
+							b.Fatalf("want ErrLocked, got %v", err)
+						}
+					}
+				})
+			})
+			b.Run(name+"/handoff", func(b *testing.B) {
+				const workers = 4
+				var ls []*lock.Locker
+				for range workers {
+					ls = append(ls, t.locker(b, lock.WithMaxBackoff(20*time.Millisecond)))
+				}
+				var next atomic.Int64
+				b.SetParallelism(max(1, workers/runtime.GOMAXPROCS(0)))
+				t.measure(b, func() {
+					b.RunParallel(func(pb *testing.PB) {
+						l := ls[int(next.Add(1)-1)%workers]
+						for pb.Next() {
+							if err := l.Do(ctx, "bench/fifo/handoff", lock.Exclusive, func(context.Context, *lock.Lease) error { return nil }, append(opts, lock.WaitTimeout(time.Minute))...); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				})
+			})
+		}
+	}
+}
+
+// BenchmarkAcquireDeadline: blocking Acquire + Release, uncontended, with
+// a context deadline shorter (2s) and longer (30s) than the SQLite busy
+// timeout (10s here). Only the short one needs the lock-wait bound of SPEC
+// H9 (PRAGMA busy_timeout set and restored around each write) on SQLite.
+func BenchmarkAcquireDeadline(b *testing.B) {
+	for _, t := range benchTargets(b) {
+		for _, d := range []time.Duration{2 * time.Second, 30 * time.Second} {
+			b.Run(t.name+"/"+d.String(), func(b *testing.B) {
+				l := t.locker(b)
+				t.measure(b, func() {
+					for b.Loop() {
+						ctx, cancel := context.WithTimeout(context.Background(), d)
+						le, err := l.Acquire(ctx, "bench/deadline", lock.Exclusive)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := le.Release(ctx); err != nil {
+							b.Fatal(err)
+						}
+						cancel()
+					}
+				})
+			})
+		}
+	}
+}
+
+// BenchmarkHandoff: 16 Lockers of one pool contend for one key with
+// blocking Acquire, release at once; stmts/op is statements per handoff
+// (a release wakes one waiter, not all 16).
+func BenchmarkHandoff(b *testing.B) {
+	ctx := context.Background()
+	for _, t := range benchTargets(b) {
+		b.Run(t.name, func(b *testing.B) {
+			const workers = 16
+			var ls []*lock.Locker
+			for range workers {
+				ls = append(ls, t.locker(b))
+			}
+			var next atomic.Int64
+			b.SetParallelism(max(1, workers/runtime.GOMAXPROCS(0)))
+			t.measure(b, func() {
+				b.RunParallel(func(pb *testing.PB) {
+					l := ls[int(next.Add(1)-1)%workers]
+					for pb.Next() {
+						le, err := l.Acquire(ctx, "bench/handoff", lock.Exclusive, lock.WaitTimeout(time.Minute))
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if err := le.Release(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
 			})
 		})
 	}

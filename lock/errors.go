@@ -5,43 +5,54 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/sqlease/sqlease/dialect"
 )
 
 // Sentinel errors. Every error the package returns for these conditions
 // matches one of them through errors.Is; the typed errors below carry the
-// detail and are reached with errors.As.
+// detail and are reached with errors.As. Their texts carry no "lock:"
+// prefix because they appear only at the end of a message that already
+// starts with it (`lock: acquire shared "tenant/42": key already held by
+// this locker`).
 var (
 	// ErrLocked: the key is held in a conflicting mode, or a pending writer
 	// blocks a shared request (SPEC W1, W3). Detail: *LockedError.
-	ErrLocked = errors.New("lock: locked")
+	ErrLocked = errors.New("locked")
 	// ErrLeaseLost: the lease is gone, was taken over, or its trusted window
 	// ran out (SPEC H2, H3, F2). Detail: *LeaseLostError.
-	ErrLeaseLost = errors.New("lock: lease lost")
+	ErrLeaseLost = errors.New("lease lost")
 	// ErrNotHeld: the database holds no such lease (Release of a lease that
 	// already ended by expiry or takeover, Renew after Release).
-	ErrNotHeld = errors.New("lock: lease not held")
+	ErrNotHeld = errors.New("lease not held")
 	// ErrReentrant: this Locker already holds or is acquiring the key
-	// (SPEC W4).
-	ErrReentrant = errors.New("lock: key already held by this locker")
+	// exclusively, or holds or is acquiring it at all and the new acquire
+	// is exclusive; the acquire would wait behind this Locker itself (SPEC
+	// W4). Several shared leases of one key are allowed (SPEC W5).
+	ErrReentrant = errors.New("key already held by this locker")
 	// ErrReleased is the context cause of a lease that was released.
-	ErrReleased = errors.New("lock: lease released")
+	ErrReleased = errors.New("lease released")
 	// ErrClosed: the Locker was closed.
-	ErrClosed = errors.New("lock: locker closed")
-	// ErrInvalidInput: a bad key, TTL, duration, option or argument
-	// (SPEC I1). Detail: *InputError.
-	ErrInvalidInput = errors.New("lock: invalid input")
+	ErrClosed = errors.New("locker closed")
+	// ErrInvalidInput: a bad key, key prefix, TTL, duration, option,
+	// namespace or argument (SPEC I1). It is dialect.ErrInvalidInput, the
+	// one input sentinel of every sqlease package, so errors.Is matches it
+	// whether lock, migrate or dialect returned the error. Detail:
+	// *InputError.
+	ErrInvalidInput = dialect.ErrInvalidInput
 	// ErrSchemaNotMigrated: the lock tables are missing or older than this
 	// library (SPEC D1). Detail: *SchemaError.
-	ErrSchemaNotMigrated = errors.New("lock: schema not migrated")
+	ErrSchemaNotMigrated = errors.New("schema not migrated")
 )
 
-// Holder describes one lease or pending-writer marker found in the database.
+// Holder describes one lease, pending-writer marker or FIFO ticket found in
+// the database.
 type Holder struct {
 	Key     string
-	Mode    Mode // Exclusive or Shared; PendingWriter for a marker
-	LeaseID string
+	Mode    Mode   // Exclusive or Shared; PendingWriter for a marker; Queued for a FIFO ticket (SPEC W6)
+	LeaseID string // the ticket ID for a FIFO ticket
 	Owner   string
-	Token   int64     // 0 for a marker
+	Token   int64     // 0 for a marker; the place in the key's queue for a FIFO ticket
 	Expiry  time.Time // database time
 }
 
@@ -54,7 +65,9 @@ type LockedError struct {
 	Key  string
 	Mode Mode // the mode that was requested
 	// Holders are the live leases in a conflicting mode and the pending
-	// writer marker, if any, as seen by the last attempt.
+	// writer marker, if any, as seen by the last attempt; for a FIFO
+	// acquire also the conflicting tickets ahead of it (mode Queued, SPEC
+	// W6).
 	Holders []Holder
 	// Waited is how long a blocking acquire waited before giving up (0 for
 	// a try).
@@ -93,6 +106,9 @@ const (
 	LossWindowExhausted LossReason = "trusted window ended before a renewal succeeded"
 	// LossFenceFailed: a fence found the lease no longer live.
 	LossFenceFailed LossReason = "fence found the lease expired or gone"
+	// LossOrphaned: Orphan stopped renewing the lease on purpose; it ends
+	// by expiry in the database.
+	LossOrphaned LossReason = "orphaned: renewal stopped by Orphan, the lease ends by expiry"
 )
 
 // LeaseLostError says which lease was lost and why (SPEC H3). It matches
@@ -120,20 +136,11 @@ func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
 // Unwrap returns the last database error, if any.
 func (e *LeaseLostError) Unwrap() error { return e.Err }
 
-// InputError names a bad input value and what is allowed (SPEC I1). It
-// matches ErrInvalidInput.
-type InputError struct {
-	Field   string // "key", "TTL", "wait timeout", ...
-	Value   string // the bad value, quoted or formatted
-	Allowed string // what would be accepted
-}
-
-func (e *InputError) Error() string {
-	return fmt.Sprintf("lock: invalid %s %s: %s", e.Field, e.Value, e.Allowed)
-}
-
-// Is matches ErrInvalidInput.
-func (e *InputError) Is(target error) bool { return target == ErrInvalidInput }
+// InputError names a bad input value and what is allowed (SPEC I1). It is
+// dialect.InputError (an alias: one type across lock, migrate and dialect)
+// and matches ErrInvalidInput; errors about a schema or prefix also match
+// dialect.ErrInvalidName.
+type InputError = dialect.InputError
 
 // SchemaError reports lock tables that are missing or older than this
 // library (SPEC D1). It matches ErrSchemaNotMigrated.
@@ -145,7 +152,7 @@ type SchemaError struct {
 }
 
 func (e *SchemaError) Error() string {
-	return fmt.Sprintf("lock: %s schema is at version %d (version table %s), this library needs %d: run migrate.Up(ctx, db, dialect) or `sqlease migrate --dsn DSN` first, with the same schema and prefix as the Locker (migrate.WithNamespace; --schema, --prefix)",
+	return fmt.Sprintf("lock: the %s lock tables are at version %d (version table %s), this library needs %d: run migrate.Up(ctx, db, dialect) or `sqlease migrate --dsn DSN` first, with the same schema and prefix as the Locker (migrate.WithNamespace; --schema, --prefix)",
 		e.Dialect, e.Current, e.Table, e.Want)
 }
 

@@ -29,7 +29,7 @@ type Lease struct {
 	key  string
 	mode Mode
 	id   string
-	// activeID is this lease's entry in Locker.active (W4).
+	// activeID is this lease's claim in Locker.active (W4, W5).
 	activeID string
 	owner    string
 	token    int64
@@ -47,9 +47,11 @@ type Lease struct {
 	lostAt       time.Time // local time the loss was detected
 	lastSend     time.Time // local monotonic send time of the last successful acquire/renew
 	trustedUntil time.Time
+	orphaned     bool // Orphan was called: an ended window is reported as LossOrphaned
 
 	// Owned by the Locker's renewer (under Locker.rmu).
 	renewing  bool          // false once released, lost or orphaned
+	inflight  chan struct{} // closed when the renewal statement now in flight returns
 	nextAt    time.Time     // when the renewer next renews it
 	retryWait time.Duration // backoff of the current run of failed renewals
 	heapIndex int
@@ -67,6 +69,11 @@ func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Ti
 	le.mu.Unlock()
 	l.mu.Lock()
 	l.leases[le] = struct{}{}
+	if h := l.active[key]; h != nil {
+		if _, ok := h.ids[activeID]; ok {
+			h.ids[activeID] = le
+		}
+	}
 	l.mu.Unlock()
 	l.schedule(le, send.Add(l.cfg.ttl/3))
 	return le
@@ -122,10 +129,25 @@ func (le *Lease) Context() context.Context { return le.ctx }
 // Done is Context().Done().
 func (le *Lease) Done() <-chan struct{} { return le.ctx.Done() }
 
-// Err returns nil while the lease is held, else context.Cause(Context()).
+// Err returns nil while the lease is held, else context.Cause(Context()):
+// ErrReleased after Release, or a *LeaseLostError (matching ErrLeaseLost)
+// once the lease is lost: gone from the database, or its trusted window
+// (see Remaining: about TTL minus the safety margin after the last
+// successful renewal was sent) ended without a renewal. A window that has
+// passed is reported here even if the timer that ends it has not run yet
+// (SPEC H1, H3).
 func (le *Lease) Err() error {
 	if le.ctx.Err() == nil {
-		return nil
+		le.mu.Lock()
+		ended := le.state == stateHeld && !time.Now().Before(le.trustedUntil)
+		le.mu.Unlock()
+		if !ended {
+			return nil
+		}
+		le.checkWindow()
+		if le.ctx.Err() == nil {
+			return nil
+		}
 	}
 	return context.Cause(le.ctx)
 }
@@ -147,6 +169,12 @@ func (le *Lease) lose(reason LossReason, err error) error {
 	}
 	le.state = stateLost
 	le.lostAt = time.Now()
+	if (reason == LossWindowExhausted || reason == LossOrphaned) && le.trustedUntil.Before(le.lostAt) {
+		// The window ended at trustedUntil, whenever its end is noticed
+		// (a late timer): a function that returned after that returned
+		// without its lease (SPEC H4).
+		le.lostAt = le.trustedUntil
+	}
 	le.mu.Unlock()
 	lost := le.lostErr(reason, err)
 	le.cancel(lost)
@@ -154,17 +182,25 @@ func (le *Lease) lose(reason LossReason, err error) error {
 	le.watchdog.Stop()
 	le.l.forget(le.key, le.activeID)
 	le.l.emit(Event{Kind: EventLeaseLost, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Reason: reason, Err: err})
-	le.l.cfg.logger.Warn("sqlease: lease lost", "key", le.key, "lease_id", le.id, "token", le.token, "reason", string(reason), "err", err)
+	attrs := []any{"key", le.key, "lease_id", le.id, "token", le.token, "reason", string(reason)}
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	le.l.cfg.logger.Warn("sqlease: lease lost", attrs...)
 	return lost
 }
 
 // checkWindow runs when the trusted window may have ended (SPEC H1, H2).
 func (le *Lease) checkWindow() {
 	le.mu.Lock()
-	until := le.trustedUntil
+	until, orphaned := le.trustedUntil, le.orphaned
 	le.mu.Unlock()
 	if d := time.Until(until); d > 0 {
 		le.watchdog.Reset(d)
+		return
+	}
+	if orphaned {
+		le.lose(LossOrphaned, nil)
 		return
 	}
 	le.lose(LossWindowExhausted, nil)
@@ -172,10 +208,29 @@ func (le *Lease) checkWindow() {
 
 func (le *Lease) stopRenewal() { le.l.unschedule(le) }
 
+// stopRenewalWait stops renewing le and waits, until ctx ends, for a
+// renewal of it already in flight to return (SPEC H8).
+func (le *Lease) stopRenewalWait(ctx context.Context) {
+	if ch := le.l.unschedule(le); ch != nil {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	}
+}
+
 // finish is called when Do's function has returned (at returned; zero when
 // it panicked): it reports a loss that happened before that, and makes later
 // losses no-ops (SPEC H4).
 func (le *Lease) finish(returned time.Time) error {
+	le.mu.Lock()
+	late := le.state == stateHeld && !returned.IsZero() && !returned.Before(le.trustedUntil)
+	le.mu.Unlock()
+	if late {
+		// The window had ended when the function returned, although the
+		// timer that ends it has not run yet (SPEC H1, H3).
+		le.checkWindow()
+	}
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	if le.state == stateLost {
@@ -247,6 +302,8 @@ func (le *Lease) renewed(send time.Time, expUS int64) {
 // Renew extends the lease now, on ctx, outside the background schedule. It
 // moves the trusted window on success (SPEC H1).
 //
+// Transient errors are retried for at most the renew timeout.
+//
 // Errors: a *LeaseLostError (ErrLeaseLost) when the database no longer has
 // this exact lease, which also ends the lease (SPEC S4); ErrNotHeld after
 // Release; the cause when already lost; otherwise the database's error,
@@ -261,7 +318,9 @@ func (le *Lease) Renew(ctx context.Context) error {
 	case stateReleased:
 		return fmt.Errorf("lock: renew %q token %d: %w", le.key, le.token, ErrNotHeld)
 	}
-	err := le.renewOnce(ctx, le.l.renewDB)
+	err := le.l.retryTransient(ctx, le.l.cfg.renewTimeout, func(ctx context.Context) error {
+		return le.renewOnce(ctx, le.l.renewDB)
+	})
 	if errors.Is(err, errRenewNotFound) {
 		return le.lose(LossNotOurs, nil)
 	}
@@ -271,18 +330,26 @@ func (le *Lease) Renew(ctx context.Context) error {
 	return nil
 }
 
-// Release ends the lease: it stops renewal and deletes exactly this lease
-// (lease ID and token; never a successor's, SPEC S4) on a context detached
-// from ctx with its own deadline (the release timeout, default 5s), so it
-// runs even when ctx is already cancelled (SPEC H5). The lease's context
-// ends with cause ErrReleased unless it was lost before.
+// Release ends the lease: it stops renewal (waiting for a renewal of it
+// already in flight, so none reaches the database after Release returns)
+// and deletes exactly this lease (lease ID and token; never a successor's,
+// SPEC S4) on a context detached from ctx with its own deadline (the
+// release timeout, default 5s), so it runs even when ctx is already
+// cancelled (SPEC H5). Transient errors (dropped connection, serialization
+// failure, busy) are retried with backoff until that deadline (SPEC H8).
+//
+// Whatever it returns, the Locker no longer counts the key as held: the
+// key can be acquired again from this Locker at once (the database grants
+// it when the row is gone or expired; SPEC H8). The lease's context ends
+// with cause ErrReleased, unless it was lost before or the release found
+// the lease gone (cause: a *LeaseLostError).
 //
 // It returns nil when the lease was deleted, or on any call after a
 // release succeeded (Release is idempotent). It returns an error matching
 // ErrNotHeld when the database no longer had the lease (it had expired and
-// was taken over or swept). A failing or timed-out release is logged at
-// WARN and returned; the lease then ends by expiry, and calling Release
-// again retries.
+// was taken over or swept); the lease is then lost too (Err, Context). A
+// release that still fails at its deadline is logged at WARN and returned;
+// the row then ends by expiry, and calling Release again retries.
 func (le *Lease) Release(ctx context.Context) error {
 	le.mu.Lock()
 	if le.released {
@@ -292,17 +359,35 @@ func (le *Lease) Release(ctx context.Context) error {
 	wasLost := le.state == stateLost
 	le.state = stateReleased
 	le.mu.Unlock()
-	le.stopRenewal()
 	le.watchdog.Stop()
-	if !wasLost {
-		le.cancel(ErrReleased)
-	}
 	l := le.l
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer cancel()
+	le.stopRenewalWait(rctx)
+	// SPEC H8: the key is free for this Locker whatever happens below.
+	l.forget(le.key, le.activeID)
+	l.mu.Lock()
+	delete(l.leases, le)
+	l.mu.Unlock()
 	start := time.Now()
-	n, err := l.releaseRows(rctx, le.id, le.token)
+	unsure := false // an earlier attempt may have deleted the row
+	var n int64
+	err := l.retryTransient(rctx, 0, func(ctx context.Context) error {
+		var err error
+		wait := maxLockWait
+		if d, ok := ctx.Deadline(); ok {
+			wait = min(wait, max(time.Until(d), time.Millisecond))
+		}
+		n, err = l.releaseRows(ctx, le.id, le.token, wait)
+		if err != nil && l.uncertain(err) {
+			unsure = true
+		}
+		return err
+	})
 	if err != nil {
+		if !wasLost {
+			le.cancel(ErrReleased)
+		}
 		l.emit(Event{Kind: EventReleaseFailed, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start), Err: err})
 		l.cfg.logger.Warn("sqlease: release failed; the lease ends by expiry", "key", le.key, "lease_id", le.id, "token", le.token, "err", err)
 		return fmt.Errorf("lock: release %q token %d: %w", le.key, le.token, err)
@@ -310,29 +395,34 @@ func (le *Lease) Release(ctx context.Context) error {
 	le.mu.Lock()
 	le.released = true
 	le.mu.Unlock()
-	l.forget(le.key, le.activeID)
-	l.mu.Lock()
-	delete(l.leases, le)
-	l.mu.Unlock()
-	if n == 0 {
+	if n == 0 && !unsure {
 		err := fmt.Errorf("lock: release %q token %d: the lease had already ended (expired and taken over or swept): %w", le.key, le.token, ErrNotHeld)
+		if !wasLost {
+			le.cancel(le.lostErr(LossNotOurs, nil))
+		}
 		l.emit(Event{Kind: EventReleaseFailed, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start), Err: err})
 		return err
 	}
-	hubWake(l.cfg.ns.Channel(), le.key)
+	if !wasLost {
+		le.cancel(ErrReleased)
+	}
+	hubWake(l.cfg.ns.Channel(), le.key, "")
 	l.emit(Event{Kind: EventReleaseOK, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start)})
 	return nil
 }
 
 // Orphan stops renewing the lease without releasing it: the lease ends by
 // expiry in the database, and the handle reports it lost when its trusted
-// window ends. Use it to hand a key over to expiry when a release cannot be
+// window ends, with reason LossOrphaned. Use it to hand a key over to expiry when a release cannot be
 // trusted to run, and in tests to simulate a crashed holder.
 //
 // Until that window ends the Locker still counts the key as held
-// (ErrReentrant for a new acquire of it). Close does not release an
-// orphaned lease.
+// (ErrReentrant for a new acquire that conflicts with it, SPEC W4). Close
+// does not release an orphaned lease.
 func (le *Lease) Orphan() {
+	le.mu.Lock()
+	le.orphaned = true
+	le.mu.Unlock()
 	le.stopRenewal()
 	le.l.mu.Lock()
 	delete(le.l.leases, le)
@@ -364,7 +454,7 @@ func (le *Lease) Fence(ctx context.Context, tx *sql.Tx) error {
 		return err
 	}
 	var exp, now int64
-	err := tx.QueryRowContext(ctx, l.st.fence.SQL, l.st.fence.Args(map[string]any{"lease_id": le.id, "token": le.token})...).Scan(&exp, &now)
+	err := tx.QueryRowContext(ctx, l.st.fence.SQL, l.st.fence.Args(map[string]any{"lease_id": le.id, "token": le.token, "ttl_us": l.cfg.ttl.Microseconds()})...).Scan(&exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return le.lose(LossFenceFailed, nil)
 	}
@@ -399,7 +489,9 @@ func (le *Lease) RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, f
 // runs fn, and commits only if the fence held and the lease was not lost
 // meanwhile; otherwise, or when fn fails or panics, it rolls back (SPEC F1,
 // F2). A lease released meanwhile by another goroutine is not lost: the
-// fence keeps its row until the transaction ends.
+// fence keeps its row until the transaction ends. A begin or fence that
+// fails with a transient error is retried (rolled back, begun again) while
+// the lease's trusted window lasts (SPEC S6).
 //
 // Errors: as RunInTx; a nil lease, begin or fn is an *InputError.
 func RunFenced[T interface {
@@ -414,9 +506,25 @@ func RunFenced[T interface {
 	case fn == nil:
 		return inputErr("function", "nil", "RunInTx needs a function to run")
 	}
-	tx, raw, err := begin(ctx)
+	// The transaction is begun and fenced again when the fence fails with
+	// a transient error (a serialization failure under a caller's
+	// REPEATABLE READ or SERIALIZABLE default; SPEC S6), while the lease's
+	// trusted window lasts: fn has not run yet.
+	var tx T
+	err := lease.l.retryTransient(ctx, lease.Remaining(), func(ctx context.Context) error {
+		t, raw, err := begin(ctx)
+		if err != nil {
+			return fmt.Errorf("lock: fenced transaction %q: begin: %w", lease.key, err)
+		}
+		if err := lease.Fence(ctx, raw); err != nil {
+			_ = t.Rollback()
+			return err
+		}
+		tx = t
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("lock: fenced transaction %q: begin: %w", lease.key, err)
+		return err
 	}
 	committed := false
 	defer func() {
@@ -424,9 +532,6 @@ func RunFenced[T interface {
 			_ = tx.Rollback()
 		}
 	}()
-	if err := lease.Fence(ctx, raw); err != nil {
-		return err
-	}
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}

@@ -90,14 +90,23 @@ type Event struct {
 	Err error
 }
 
-// WithObserver installs an observer of engine events (default none).
-func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
+// WithObserver installs an observer of engine events (default none; nil is
+// rejected).
+func WithObserver(o Observer) Option {
+	return func(c *config) {
+		if o == nil {
+			c.rejectZero("observer", "nil", "an Observer, e.g. from package otellock", "WithObserver")
+		}
+		c.observer = o
+	}
+}
 
 // WithSweepInterval starts a background sweeper that calls Sweep(ctx, limit)
-// every interval until Close (default: off; interval >= 100ms, limit >= 1).
-// Safe to enable on every replica (SPEC D2).
+// every interval until Close (default: off; interval >= 100ms, limit >= 1;
+// zero values are rejected like any value out of range). Safe to enable on
+// every replica (SPEC D2).
 func WithSweepInterval(interval time.Duration, limit int) Option {
-	return func(c *config) { c.sweepEvery, c.sweepLimit = interval, limit }
+	return func(c *config) { c.sweepEvery, c.sweepLimit, c.sweepSet = interval, limit, true }
 }
 
 func (l *Locker) emit(e Event) {

@@ -35,7 +35,14 @@ const (
 )
 
 // Option configures a Locker. Options are validated by New, which names the
-// bad value in an error matching ErrInvalidInput.
+// bad value in an *InputError matching ErrInvalidInput.
+//
+// Zero values: leaving an option out gives its documented default; giving
+// it a zero value (WithTTL(0), WithOwner(""), WithRenewTimeout(0), ...) is
+// an error that names the allowed range, never a silent default. The only
+// options whose empty value is meaningful are WithSchema("") (no schema)
+// and WithTablePrefix("") (DefaultPrefix), the zero dialect.Namespace. A nil
+// Option is rejected the same way.
 type Option func(*config)
 
 type config struct {
@@ -55,68 +62,158 @@ type config struct {
 	sweepEvery     time.Duration
 	sweepLimit     int
 	notifyPoll     time.Duration
+	sweepSet       bool
+	// zero holds the first option given a zero value (see Option).
+	zero     error
+	listenDB *sql.DB
 }
 
-// WithTTL sets the lease TTL (default DefaultTTL, allowed MinTTL..MaxTTL).
-// Leases renew every TTL/3 (SPEC H2).
-func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
+// rejectZero records that an option was given its zero value; New returns
+// the error.
+func (c *config) rejectZero(field, value, allowed, option string) {
+	if c.zero == nil {
+		c.zero = inputErr(field, value, allowed+" (leave "+option+" out for the default)")
+	}
+}
+
+// durationOption sets *dst to d, rejecting zero (see Option).
+func durationOption(field, allowed, option string, d time.Duration, dst func(*config) *time.Duration) Option {
+	return func(c *config) {
+		if d == 0 {
+			c.rejectZero(field, "0s", allowed, option)
+		}
+		*dst(c) = d
+	}
+}
+
+// WithTTL sets the lease TTL (default DefaultTTL, allowed MinTTL..MaxTTL;
+// 0 is rejected like any value out of range). Leases renew every TTL/3
+// (SPEC H2).
+func WithTTL(ttl time.Duration) Option {
+	return durationOption("TTL", fmt.Sprintf("between %s and %s", MinTTL, MaxTTL), "WithTTL", ttl, func(c *config) *time.Duration { return &c.ttl })
+}
 
 // WithOwner sets the owner label stored with each lease, for humans (default
-// "host:pid"; 1..MaxOwnerLength bytes of valid UTF-8 without NUL).
-func WithOwner(owner string) Option { return func(c *config) { c.owner = owner } }
+// "host:pid"; 1..MaxOwnerLength bytes of valid UTF-8 without NUL; "" is
+// rejected).
+func WithOwner(owner string) Option {
+	return func(c *config) {
+		if owner == "" {
+			c.rejectZero("owner", `""`, fmt.Sprintf("1..%d bytes of valid UTF-8 without NUL", MaxOwnerLength), "WithOwner")
+		}
+		c.owner = owner
+	}
+}
 
-// WithSchema puts the lock tables in a schema (PostgreSQL only; validated
-// [a-z_][a-z0-9_]*, quoted in SQL; SPEC D3). It must match the schema given
-// to migrate.Up.
+// WithSchema puts the lock tables in a schema, on dialects that declare
+// dialect.CapSchemas (PostgreSQL; MySQL, where a schema is a database; not
+// SQLite, where New fails with an *InputError matching ErrInvalidInput and
+// dialect.ErrInvalidName that says to use WithTablePrefix instead). The
+// name is validated ([a-z_][a-z0-9_]*, at most dialect.MaxIdentifierLength
+// bytes) and quoted in SQL (SPEC D3); "" means no schema (the default). It
+// must match the schema given to migrate.Up.
 func WithSchema(schema string) Option { return func(c *config) { c.ns.Schema = schema } }
 
-// WithTablePrefix sets the prefix of every lock object name (default
-// "sqlease_"; validated like WithSchema). It must match the prefix given to
-// migrate.Up.
+// WithTablePrefix sets the prefix of every lock object name (validated like
+// WithSchema; "" means the default, dialect.DefaultPrefix "sqlease_"). It
+// works on every dialect and must match the prefix given to migrate.Up.
 func WithTablePrefix(prefix string) Option { return func(c *config) { c.ns.Prefix = prefix } }
 
 // WithLogger sets the logger for renewal retries (DEBUG), losses and failed
-// releases (WARN). Default: slog.Default().
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+// releases (WARN). Default: slog.Default(); nil is rejected (use
+// slog.New(slog.DiscardHandler) to log nothing).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l == nil {
+			c.rejectZero("logger", "nil", "a *slog.Logger; slog.New(slog.DiscardHandler) logs nothing", "WithLogger")
+		}
+		c.logger = l
+	}
+}
 
 // WithRenewDB renews leases through a separate pool, so an application that
 // exhausts its own pool cannot starve renewals (SPEC H7). It must reach the
-// same database.
-func WithRenewDB(db *sql.DB) Option { return func(c *config) { c.renewDB = db } }
+// same database. Default: the Locker's own pool; nil is rejected.
+func WithRenewDB(db *sql.DB) Option {
+	return func(c *config) {
+		if db == nil {
+			c.rejectZero("renew database", "nil", "an open *sql.DB reaching the same database", "WithRenewDB")
+		}
+		c.renewDB = db
+	}
+}
 
-// WithRenewTimeout bounds each renewal statement (default TTL/5; at most
-// TTL/3).
-func WithRenewTimeout(d time.Duration) Option { return func(c *config) { c.renewTimeout = d } }
+// WithRenewTimeout bounds each renewal statement (default TTL/5; positive,
+// at most TTL/3).
+func WithRenewTimeout(d time.Duration) Option {
+	return durationOption("renew timeout", "a positive duration of at most TTL/3", "WithRenewTimeout", d, func(c *config) *time.Duration { return &c.renewTimeout })
+}
 
 // WithReleaseTimeout bounds a release, which runs on a context detached from
-// the caller's (default DefaultReleaseTimeout; SPEC H5).
-func WithReleaseTimeout(d time.Duration) Option { return func(c *config) { c.releaseTimeout = d } }
+// the caller's (default DefaultReleaseTimeout; positive; SPEC H5).
+func WithReleaseTimeout(d time.Duration) Option {
+	return durationOption("release timeout", "a positive duration", "WithReleaseTimeout", d, func(c *config) *time.Duration { return &c.releaseTimeout })
+}
 
 // WithStatementTimeout bounds one acquire statement; the statement runs to
 // its end even when the caller's context ends, so a grant that commits
-// anyway is seen and released (SPEC H6). Default: max(TTL, 5s).
-func WithStatementTimeout(d time.Duration) Option { return func(c *config) { c.stmtTimeout = d } }
+// anyway is seen and released (SPEC H6). Default: max(TTL, 5s); positive.
+func WithStatementTimeout(d time.Duration) Option {
+	return durationOption("statement timeout", "a positive duration", "WithStatementTimeout", d, func(c *config) *time.Duration { return &c.stmtTimeout })
+}
 
 // WithMaxBackoff caps the wait between polls of a blocked acquire (default
-// DefaultMaxBackoff; the effective cap is min(d, TTL); SPEC W2).
-func WithMaxBackoff(d time.Duration) Option { return func(c *config) { c.maxBackoff = d } }
+// DefaultMaxBackoff; at least MinBackoff; the effective cap is min(d, TTL);
+// SPEC W2).
+func WithMaxBackoff(d time.Duration) Option {
+	return durationOption("max backoff", "at least "+MinBackoff.String(), "WithMaxBackoff", d, func(c *config) *time.Duration { return &c.maxBackoff })
+}
 
 // WithPendingWriterTTL sets how long a waiting writer's marker blocks new
 // grants after its last refresh (default max(4 x the backoff cap, 6s), at
 // most the TTL; SPEC W1). The writer refreshes it every third of this, so
 // the default costs one statement per 2 s per waiting writer. A waiter that
-// dies stops blocking readers after this long.
-func WithPendingWriterTTL(d time.Duration) Option { return func(c *config) { c.markerTTL = d } }
+// dies stops blocking readers after this long. Zero is rejected.
+func WithPendingWriterTTL(d time.Duration) Option {
+	return durationOption("pending-writer TTL", "a positive duration of at most the TTL", "WithPendingWriterTTL", d, func(c *config) *time.Duration { return &c.markerTTL })
+}
 
 // WithSafetyMargin sets how much of the TTL the holder does not trust, to
 // absorb clock-rate differences and the reply's travel time (default TTL/10;
-// less than TTL/2; SPEC H1).
-func WithSafetyMargin(d time.Duration) Option { return func(c *config) { c.margin = d } }
+// positive, less than TTL/2; SPEC H1).
+func WithSafetyMargin(d time.Duration) Option {
+	return durationOption("safety margin", "a positive duration below TTL/2", "WithSafetyMargin", d, func(c *config) *time.Duration { return &c.margin })
+}
 
 // WithNotifyPollInterval caps the wait between polls of a blocked acquire
 // while push wake-ups are available (a notification listener is up, SPEC
-// W2); default 3s, at most the TTL.
-func WithNotifyPollInterval(d time.Duration) Option { return func(c *config) { c.notifyPoll = d } }
+// W2): each wait is then drawn uniformly from [d/2, d] (at least 100 ms
+// when d allows), since releases wake the waiter that can use them and
+// polls are only the fallback; default 3s, positive, at most the TTL.
+func WithNotifyPollInterval(d time.Duration) Option {
+	return durationOption("notify poll interval", "a positive duration of at most the TTL", "WithNotifyPollInterval", d, func(c *config) *time.Duration { return &c.notifyPoll })
+}
+
+// WithListenDB gives the Locker a separate pool for its notification
+// listener (push wake-ups, SPEC W2; dialects with CapNotify): direct
+// connections to the same database, for an application whose main pool
+// goes through PgBouncer in transaction pooling mode, where LISTEN cannot
+// work (it is session state). The listener holds one connection of db
+// while the Locker has waiters; the Locker never closes db. Without this
+// option the listener uses the main pool. A listener that cannot hear
+// notifications (the PostgreSQL dialect refuses a connection through a
+// pooler) is given up for that pool with one warning log: waiters then poll
+// every WithMaxBackoff (default 500ms) at most, so a release is seen within
+// that plus one acquire round trip. Errors from New: db given for a dialect
+// without CapNotify.
+func WithListenDB(db *sql.DB) Option {
+	return func(c *config) {
+		if db == nil {
+			c.rejectZero("listen database", "nil", "an open *sql.DB with direct (not pooled) connections", "WithListenDB")
+		}
+		c.listenDB = db
+	}
+}
 
 // WithoutSchemaCheck skips New's schema version check (one query). For
 // callers that just ran migrate.Up themselves.
@@ -131,10 +228,13 @@ func defaultOwner() string {
 }
 
 func inputErr(field, value, allowed string) error {
-	return &InputError{Field: field, Value: value, Allowed: allowed}
+	return &InputError{Pkg: "lock", Field: field, Value: value, Allowed: allowed}
 }
 
 func (c *config) finish(d dialect.Dialect) error {
+	if c.zero != nil {
+		return c.zero
+	}
 	if c.ttl == 0 {
 		c.ttl = DefaultTTL
 	}
@@ -147,7 +247,7 @@ func (c *config) finish(d dialect.Dialect) error {
 		return inputErr("owner", strconv.Quote(clip(c.owner)), fmt.Sprintf("1..%d bytes of valid UTF-8 without NUL", MaxOwnerLength))
 	}
 	if err := c.ns.Validate(d); err != nil {
-		return &wrapped{ErrInvalidInput, fmt.Errorf("lock: %w", err)}
+		return dialect.Relabel(err, "lock")
 	}
 	if c.logger == nil {
 		c.logger = slog.Default()
@@ -181,6 +281,9 @@ func (c *config) finish(d dialect.Dialect) error {
 		return inputErr("max backoff", c.maxBackoff.String(), "at least "+MinBackoff.String())
 	}
 	c.maxBackoff = min(c.maxBackoff, c.ttl)
+	if c.listenDB != nil && !d.Capabilities().Has(dialect.CapNotify) {
+		return inputErr("listen pool", "a *sql.DB", fmt.Sprintf("none: dialect %q has no notifications (CapNotify)", d.Name()))
+	}
 	if err := positive("notify poll interval", &c.notifyPoll, min(3*time.Second, c.ttl), c.ttl); err != nil {
 		return err
 	}
@@ -193,7 +296,7 @@ func (c *config) finish(d dialect.Dialect) error {
 	if err := positive("safety margin", &c.margin, c.ttl/10, c.ttl/2-1); err != nil {
 		return err
 	}
-	if c.sweepEvery != 0 || c.sweepLimit != 0 {
+	if c.sweepSet {
 		if c.sweepEvery < 100*time.Millisecond {
 			return inputErr("sweep interval", c.sweepEvery.String(), "at least 100ms")
 		}
@@ -203,16 +306,6 @@ func (c *config) finish(d dialect.Dialect) error {
 	}
 	return nil
 }
-
-// wrapped gives an error an extra sentinel for errors.Is.
-type wrapped struct {
-	sentinel error
-	err      error
-}
-
-func (w *wrapped) Error() string        { return w.err.Error() }
-func (w *wrapped) Unwrap() []error      { return []error{w.sentinel, w.err} }
-func (w *wrapped) Is(target error) bool { return target == w.sentinel }
 
 // CheckTTL reports whether ttl is allowed (MinTTL..MaxTTL). The error
 // matches ErrInvalidInput and names the value (SPEC I1).
@@ -237,6 +330,23 @@ func CheckKey(key string) error {
 		return inputErr("key", strconv.Quote(clip(key)), "is not valid UTF-8; "+allowed)
 	case containsNUL(key):
 		return inputErr("key", strconv.Quote(clip(key)), "contains NUL; "+allowed)
+	}
+	return nil
+}
+
+// CheckKeyPrefix reports whether prefix is allowed as a key-prefix filter
+// (Holders, the sqlease status command): "" (every key) or at most
+// MaxKeyLength bytes of valid UTF-8 without NUL, like a key. The error is
+// an *InputError matching ErrInvalidInput that names the value (SPEC I1).
+func CheckKeyPrefix(prefix string) error {
+	const allowed = "key prefixes are empty (every key) or at most 512 bytes of valid UTF-8 without NUL"
+	switch {
+	case len(prefix) > MaxKeyLength:
+		return inputErr("key prefix", strconv.Quote(clip(prefix)), fmt.Sprintf("is %d bytes; %s", len(prefix), allowed))
+	case !utf8.ValidString(prefix):
+		return inputErr("key prefix", strconv.Quote(clip(prefix)), "is not valid UTF-8; "+allowed)
+	case containsNUL(prefix):
+		return inputErr("key prefix", strconv.Quote(clip(prefix)), "contains NUL; "+allowed)
 	}
 	return nil
 }

@@ -56,6 +56,9 @@
 // that dialect), so OnEvent does not allocate on this package's side; it
 // only calls the instruments, which is non-blocking in the OpenTelemetry
 // SDK. OnEvent is safe for concurrent use.
+//
+// "SPEC H3" and the like cite the numbered rules of docs/contract.md in the
+// repository, the contract sqlease keeps on every dialect.
 package otellock
 
 import (
@@ -92,7 +95,7 @@ const (
 	AttrDialect    = attribute.Key("sqlease.dialect")     // dialect name
 	AttrMode       = attribute.Key("sqlease.mode")        // exclusive, shared
 	AttrOutcome    = attribute.Key("sqlease.outcome")     // granted, denied, ok, retry, failed
-	AttrLossReason = attribute.Key("sqlease.loss_reason") // not_ours, window_exhausted, fence_failed, other
+	AttrLossReason = attribute.Key("sqlease.loss_reason") // not_ours, window_exhausted, fence_failed, orphaned, other
 )
 
 // DefaultDurationBuckets are the bucket boundaries, in seconds, of the
@@ -227,13 +230,15 @@ const (
 	reasonNotOurs
 	reasonWindowExhausted
 	reasonFenceFailed
+	reasonOrphaned
 	numReasons
 )
 
-var reasonNames = [numReasons]string{"other", "not_ours", "window_exhausted", "fence_failed"}
+var reasonNames = [numReasons]string{"other", "not_ours", "window_exhausted", "fence_failed", "orphaned"}
 
 // ReasonName returns the short value of the sqlease.loss_reason attribute
-// for r: "not_ours", "window_exhausted", "fence_failed", or "other".
+// for r: "not_ours", "window_exhausted", "fence_failed", "orphaned", or
+// "other".
 func ReasonName(r lock.LossReason) string { return reasonNames[reasonIndex(r)] }
 
 func reasonIndex(r lock.LossReason) int {
@@ -244,6 +249,8 @@ func reasonIndex(r lock.LossReason) int {
 		return reasonWindowExhausted
 	case lock.LossFenceFailed:
 		return reasonFenceFailed
+	case lock.LossOrphaned:
+		return reasonOrphaned
 	}
 	return reasonOther
 }

@@ -20,7 +20,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/sqlease/sqlease/conformance"
+	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 	"github.com/sqlease/sqlease/internal/faultdb"
 	"github.com/sqlease/sqlease/lock"
@@ -288,6 +288,7 @@ func TestReasonName(t *testing.T) {
 	for r, want := range map[lock.LossReason]string{
 		lock.LossNotOurs:         "not_ours",
 		lock.LossWindowExhausted: "window_exhausted",
+		lock.LossOrphaned:        "orphaned",
 		lock.LossFenceFailed:     "fence_failed",
 		"":                       "other",
 		"something else":         "other",
@@ -498,7 +499,7 @@ func TestSQLiteFaults(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	d := sqlitedialect.New()
-	dsn := conformance.SQLiteDSN(filepath.Join(t.TempDir(), "otellock.db"))
+	dsn := conftest.SQLiteDSN(filepath.Join(t.TempDir(), "otellock.db"))
 
 	// Pools close at cleanup, after the Lockers (cleanups run last first).
 	plain, err := sql.Open("sqlite3", dsn)
@@ -617,8 +618,8 @@ func TestSQLiteFaults(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("orphaned lease not lost 5s after its window")
 	}
-	if err := lease3.Err(); !errors.As(err, &lost) || lost.Reason != lock.LossWindowExhausted {
-		t.Fatalf("orphaned lease cause %v, want a *LeaseLostError with reason LossWindowExhausted", err)
+	if err := lease3.Err(); !errors.As(err, &lost) || lost.Reason != lock.LossOrphaned {
+		t.Fatalf("orphaned lease cause %v, want a *LeaseLostError with reason LossOrphaned", err)
 	}
 	var removed int64
 	eventually(t, 5*time.Second, "a sweep removing the orphaned lease", func() bool {
@@ -643,7 +644,7 @@ func TestSQLiteFaults(t *testing.T) {
 		{otellock.MetricRenewCount, []attribute.KeyValue{dialectName, exclusive, outcome("retry")}, 1},
 		{otellock.MetricRenewCount, []attribute.KeyValue{dialectName, exclusive, outcome("ok")}, renewOK},
 		{otellock.MetricLeaseLost, []attribute.KeyValue{dialectName, exclusive, reason("not_ours")}, 1},
-		{otellock.MetricLeaseLost, []attribute.KeyValue{dialectName, exclusive, reason("window_exhausted")}, 1},
+		{otellock.MetricLeaseLost, []attribute.KeyValue{dialectName, exclusive, reason("orphaned")}, 1},
 		{otellock.MetricReleaseCount, []attribute.KeyValue{dialectName, exclusive, outcome("ok")}, 1},
 		{otellock.MetricReleaseCount, []attribute.KeyValue{dialectName, exclusive, outcome("failed")}, 1},
 		{otellock.MetricSweepRemoved, []attribute.KeyValue{dialectName}, 1},

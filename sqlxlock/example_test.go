@@ -64,5 +64,5 @@ func Example() {
 	// Output:
 	// holding payouts/daily exclusive as payout-worker
 	// payouts written under the lease: 1
-	// after release: lock: lease released
+	// after release: lease released
 }

@@ -83,6 +83,9 @@
 // transaction holds the database write lock until it ends, and every
 // renewal waits behind it: keep fenced transactions much shorter than the
 // TTL.
+//
+// "SPEC H3" and the like cite the numbered rules of docs/contract.md in the
+// repository, the contract sqlease keeps on every dialect.
 package sqlxlock
 
 import (
@@ -193,7 +196,7 @@ func RunInTx(ctx context.Context, db *sqlx.DB, lease *lock.Lease, opts *sql.TxOp
 // name, or the inferred one when d is nil.
 func resolve(db *sqlx.DB, d dialect.Dialect, op string) (dialect.Dialect, error) {
 	if db == nil || db.DB == nil {
-		return nil, fmt.Errorf("sqlxlock: %s: %w", op, &lock.InputError{Field: "database", Value: "nil",
+		return nil, (&lock.InputError{Pkg: "sqlxlock: " + op, Field: "database", Value: "nil",
 			Allowed: "pass the application's *sqlx.DB (sqlx.Open, sqlx.Connect or sqlx.NewDb)"})
 	}
 	driver := db.DriverName()
@@ -202,7 +205,7 @@ func resolve(db *sqlx.DB, d dialect.Dialect, op string) (dialect.Dialect, error)
 		// Reject only what is known to be wrong: a dialect other than the
 		// one a known driver name speaks to.
 		if isKnown && d.Name() != want.name {
-			return nil, fmt.Errorf("sqlxlock: %s: %w", op, &lock.InputError{Field: "dialect", Value: strconv.Quote(d.Name()),
+			return nil, (&lock.InputError{Pkg: "sqlxlock: " + op, Field: "dialect", Value: strconv.Quote(d.Name()),
 				Allowed: fmt.Sprintf("does not match the sqlx.DB's driver %q, which needs sqlease dialect %q; pass that dialect or nil to infer it", driver, want.name)})
 		}
 		return d, nil
@@ -210,16 +213,18 @@ func resolve(db *sqlx.DB, d dialect.Dialect, op string) (dialect.Dialect, error)
 	if isKnown {
 		d, err := dialect.Lookup(want.name)
 		if err != nil {
-			return nil, fmt.Errorf("sqlxlock: %s: driver %q needs sqlease dialect %q, which is not registered (registered: %s): import _ %q, or pass a dialect with sqlxlock.NewWithDialect(ctx, db, d, opts...): %w",
-				op, driver, want.name, names(), want.pkg, dialect.ErrUnknownDialect)
+			return nil, &lock.InputError{Pkg: "sqlxlock: " + op, Field: "driver", Value: strconv.Quote(driver),
+				Allowed: fmt.Sprintf("needs sqlease dialect %q, which is not registered (registered: %s): import _ %q, or pass a dialect with sqlxlock.NewWithDialect(ctx, db, d, opts...)", want.name, names(), want.pkg),
+				Err:     dialect.ErrUnknownDialect}
 		}
 		return d, nil
 	}
 	if d, err := dialect.Detect(db.DB); err == nil {
 		return d, nil
 	}
-	return nil, fmt.Errorf("sqlxlock: %s: unknown driver %q (%T): no registered sqlease dialect (%s) recognizes it; known driver names are %s; pass a dialect with sqlxlock.NewWithDialect(ctx, db, d, opts...): %w",
-		op, driver, db.DB.Driver(), names(), knownNames(), dialect.ErrUnknownDialect)
+	return nil, &lock.InputError{Pkg: "sqlxlock: " + op, Field: "driver", Value: fmt.Sprintf("%q (%T)", driver, db.DB.Driver()),
+		Allowed: fmt.Sprintf("no registered sqlease dialect (%s) recognizes it; known driver names are %s; pass a dialect with sqlxlock.NewWithDialect(ctx, db, d, opts...)", names(), knownNames()),
+		Err:     dialect.ErrUnknownDialect}
 }
 
 func names() string {

@@ -16,6 +16,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sqlease/sqlease/conformance"
+	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/dialect/pgdialect"
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
@@ -45,7 +46,7 @@ func viaSqlx(driver string) func(context.Context, *sql.DB, dialect.Dialect, ...l
 // TestConformanceSQLite runs the whole SPEC suite on SQLite files with
 // every Locker built by sqlxlock.New over a "sqlite3" sqlx.DB.
 func TestConformanceSQLite(t *testing.T) {
-	cfg := conformance.SQLite(t.TempDir())
+	cfg := conftest.SQLiteDriver(t.TempDir(), "sqlite3")
 	// The adapters change only how a Locker is built: the long stress and
 	// churn cases run at full length in the dialect packages.
 	cfg.Short = true
@@ -60,7 +61,7 @@ func TestConformancePostgres(t *testing.T) {
 	if conformance.IsChild() {
 		conformance.Run(t, conformance.Config{})
 	}
-	cfg := conformance.Postgres(conformance.PostgresDSN(t))
+	cfg := conftest.Postgres(conftest.PostgresDSN(t))
 	// The adapters change only how a Locker is built: the long stress and
 	// churn cases run at full length in the dialect packages.
 	cfg.Short = true
@@ -78,11 +79,11 @@ type backend struct {
 }
 
 func sqliteBackend(t *testing.T) backend {
-	return backend{driver: "sqlite3", dsn: conformance.SQLiteDSN(filepath.Join(t.TempDir(), "app.db")), d: sqlitedialect.New()}
+	return backend{driver: "sqlite3", dsn: conftest.SQLiteDSN(filepath.Join(t.TempDir(), "app.db")), d: sqlitedialect.New()}
 }
 
 func postgresBackend(t *testing.T) backend {
-	dsn := conformance.PostgresDSN(t)
+	dsn := conftest.PostgresDSN(t)
 	b := make([]byte, 6)
 	_, _ = crand.Read(b)
 	s := "sqlxlock_t_" + hex.EncodeToString(b)
@@ -199,7 +200,7 @@ func TestNewErrors(t *testing.T) {
 	t.Run("UnknownDriver", func(t *testing.T) {
 		db := sqlx.NewDb(undetectable(t, b.dsn), "clickhouse")
 		_, err := sqlxlock.New(ctx, db)
-		contains(t, err, `unknown driver "clickhouse"`, "sqlxlock.NewWithDialect(ctx, db, d, opts...)", `"pgx"`, `"sqlite3"`)
+		contains(t, err, `invalid driver "clickhouse"`, "sqlxlock.NewWithDialect(ctx, db, d, opts...)", `"pgx"`, `"sqlite3"`)
 		for _, n := range dialect.Names() {
 			contains(t, err, n)
 		}

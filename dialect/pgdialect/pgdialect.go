@@ -13,6 +13,9 @@
 // Errors are classified by their SQLSTATE through the
 // SQLState() method both drivers' error types have. Push wake-ups (LISTEN)
 // use the native pgx connection when the driver is pgx.
+//
+// "SPEC H3" and the like cite the numbered rules of docs/contract.md in the
+// repository, the contract sqlease keeps on every dialect.
 package pgdialect
 
 import (
@@ -22,12 +25,14 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sqlease/sqlease/dialect"
 )
@@ -55,17 +60,28 @@ func New() Dialect { return Dialect{} }
 // Name returns "postgres".
 func (Dialect) Name() string { return Name }
 
-// Capabilities: schemas, row-lock fences, concurrent writers, and migrations
-// serialized by a session advisory lock.
+// String returns Name, so a dialect (for example dialect.Detect's result)
+// prints as its name with fmt's %v.
+func (Dialect) String() string { return Name }
+
+// Capabilities: schemas, row-lock fences bounded by an idle timeout,
+// concurrent writers, release notifications and FIFO tickets. Migrations are
+// serialized by MigrationLocker, a table lock (not a session advisory lock,
+// which PgBouncer's transaction pooling breaks).
 func (Dialect) Capabilities() dialect.Capabilities {
-	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapSessionLockedMigrations | dialect.CapNotify
+	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapNotify |
+		dialect.CapFIFO | dialect.CapFenceIdleTimeout
 }
 
 // Listen makes conn LISTEN on channel and delivers notification payloads
 // (keys released) until ctx ends. It needs the pgx driver (v5 stdlib): it
 // reaches the native *pgx.Conn through sql.Conn.Raw, unwrapping wrapping
 // drivers that have an Unwrap() driver.Conn method. Other drivers get
-// errors.ErrUnsupported, and waiters poll.
+// errors.ErrUnsupported, and waiters poll. conn must be a direct session:
+// a connection through a pooler such as PgBouncer (detected by comparing
+// pg_backend_pid() with the process ID the server side announced) gets
+// errors.ErrUnsupported too, since in transaction pooling mode it would
+// listen in vain.
 func (d Dialect) Listen(ctx context.Context, conn *sql.Conn, channel string, deliver func(string), ready func()) error {
 	return conn.Raw(func(dc any) error {
 		for {
@@ -80,7 +96,7 @@ func (d Dialect) Listen(ctx context.Context, conn *sql.Conn, channel string, del
 			return fmt.Errorf("pgdialect: driver connection %T cannot receive notifications: %w", dc, errors.ErrUnsupported)
 		}
 		c := nc.Conn()
-		if _, err := c.Exec(ctx, "LISTEN "+d.QuoteIdent(channel)); err != nil {
+		if err := d.listenDirect(ctx, c, channel); err != nil {
 			return err
 		}
 		ready()
@@ -125,8 +141,10 @@ func (Dialect) MatchesDriver(d driver.Driver) bool {
 // Classify maps SQLSTATEs: 40001 serialization failure, 40P01 deadlock,
 // 55P03 lock not available, 57014 query canceled (statement timeout),
 // 57P01..57P03 shutdown, class 08 connection errors, and lost connections
+// (EOF, failed connects, network errors, pgconn's safe-to-retry errors)
 // are retryable; 23505/23P01 are conflicts; 42P01/42883/3F000 (undefined
-// table, function or schema) mean the schema is not migrated.
+// table, function or schema) mean the schema is not migrated; SL001
+// (SQLStateWrongIsolation) is ErrorIsolation.
 func (Dialect) Classify(err error) dialect.ErrorClass {
 	if err == nil {
 		return dialect.ErrorOther
@@ -142,19 +160,38 @@ func (Dialect) Classify(err error) dialect.ErrorClass {
 			return dialect.ErrorConflict
 		case code == "42P01" || code == "42883" || code == "3F000":
 			return dialect.ErrorUndefinedTable
+		case code == SQLStateWrongIsolation:
+			return dialect.ErrorIsolation
 		}
 		return dialect.ErrorOther
 	}
+	if errors.Is(err, pgconn.ErrConnClosed) {
+		// The connection closed after a send: the outcome is unknown.
+		return dialect.ErrorConnection
+	}
 	var ne net.Error
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) {
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return dialect.ErrorRetryable
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
 		return dialect.ErrorRetryable
 	}
 	return dialect.ErrorOther
 }
 
+// SQLStateWrongIsolation is the SQLSTATE the acquire function raises,
+// having done nothing, when its transaction does not run at READ COMMITTED
+// (the session defaults to REPEATABLE READ or SERIALIZABLE): its checks need
+// a fresh snapshot per statement (SPEC S6). The engine then calls it inside
+// BEGIN ISOLATION LEVEL READ COMMITTED.
+const SQLStateWrongIsolation = "SL001"
+
 // Statements returns the PostgreSQL statement templates.
 func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
+		Isolation: sql.LevelReadCommitted,
 		Acquire: []string{`SELECT granted, lease_id, mode, owner, token, expires_us, now_us
 FROM {acquire}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint, @watch_us::bigint)`},
 		Renew: `UPDATE {holders}
@@ -170,32 +207,56 @@ FROM (SELECT split_part(v, ':', 1) AS id, split_part(v, ':', 2)::bigint AS token
 WHERE h.lease_id = u.id AND h.token = u.token AND h.expires_at > clock_timestamp()
 RETURNING h.lease_id, {to_us}(h.expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us`,
 		// Waiters of the key are notified at commit (CapNotify), only when
-		// a waiter watches it: NOTIFY serializes committing transactions
-		// server-wide, so an unwatched release must not send one. The
-		// watch is consumed; waiters still blocked renew it on their next
-		// poll.
+		// a waiter watches it (NOTIFY serializes committing transactions
+		// server-wide, so an unwatched release must not send one) and no
+		// other live holder of the key remains (nothing waiting could be
+		// granted then). The payload names the key's marked waiter when
+		// there is one (chr(30) framing, see dialect.Statements.Release),
+		// so only its process wakes it (SPEC W1); the watch then stays for
+		// the waiters not woken. Otherwise the watch is consumed: the
+		// woken waiters that stay blocked renew it on their attempt.
 		Release: `WITH gone AS (
     DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token::bigint = 0)
     RETURNING lock_key
+), st AS (
+    SELECT g.lock_key,
+           EXISTS (SELECT 1 FROM {watches} w WHERE w.lock_key = g.lock_key AND w.expires_at > clock_timestamp()) AS watched,
+           NOT EXISTS (SELECT 1 FROM {holders} h
+                       WHERE h.lock_key = g.lock_key AND h.lease_id <> @lease_id AND h.expires_at > clock_timestamp()) AS free,
+           (SELECT m.waiter_id FROM {markers} m WHERE m.lock_key = g.lock_key AND m.expires_at > clock_timestamp()) AS marked
+    FROM gone g
 ), woke AS (
-    DELETE FROM {watches} w USING gone g
-    WHERE w.lock_key = g.lock_key
-    RETURNING w.lock_key, w.expires_at
+    DELETE FROM {watches} w USING st
+    WHERE w.lock_key = st.lock_key AND st.free AND st.marked IS NULL
 )
-SELECT g.lock_key,
-       CASE WHEN EXISTS (SELECT 1 FROM woke WHERE woke.lock_key = g.lock_key AND woke.expires_at > clock_timestamp())
-            THEN pg_notify(@channel, g.lock_key) END
-FROM gone g`,
+SELECT st.lock_key,
+       CASE WHEN st.watched AND st.free
+            THEN pg_notify(@channel, coalesce(chr(30) || st.marked || chr(30), '') || st.lock_key) END
+FROM st`,
 		ClearMarker: `DELETE FROM {markers} WHERE lock_key = @key AND waiter_id = @lease_id`,
-		Fence: `SELECT {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us
-FROM {holders}
-WHERE lease_id = @lease_id AND token = @token AND expires_at > clock_timestamp()
-FOR KEY SHARE`,
+		// The fence also lowers the transaction's
+		// idle_in_transaction_session_timeout to the TTL (transaction-local,
+		// unless a shorter one is set): the server ends the transaction of
+		// a holder stopped or hung between statements, and its row lock
+		// with it (CapFenceIdleTimeout).
+		Fence: `SELECT {to_us}(h.expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us
+FROM {holders} h,
+     (SELECT set_config('idle_in_transaction_session_timeout',
+                CASE WHEN c.cur > interval '0' AND c.cur <= c.ttl
+                     THEN current_setting('idle_in_transaction_session_timeout')
+                     ELSE ((@ttl_us::bigint + 999) / 1000)::text END, true)
+      FROM (SELECT current_setting('idle_in_transaction_session_timeout')::interval AS cur,
+                   @ttl_us::bigint * interval '1 microsecond' AS ttl) c) s
+WHERE h.lease_id = @lease_id AND h.token = @token AND h.expires_at > clock_timestamp()
+FOR KEY SHARE OF h`,
 		Holders: `SELECT lock_key, mode, lease_id, owner, token, {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us
 FROM {holders} WHERE starts_with(lock_key, @key_prefix)
 UNION ALL
 SELECT lock_key, 'w', waiter_id, owner, 0, {to_us}(expires_at), {to_us}(clock_timestamp())
 FROM {markers} WHERE starts_with(lock_key, @key_prefix)
+UNION ALL
+SELECT lock_key, 'q', ticket_id, owner, seq, {to_us}(expires_at), {to_us}(clock_timestamp())
+FROM {tickets} WHERE starts_with(lock_key, @key_prefix)
 ORDER BY 1, 5`,
 		// SKIP LOCKED passes over rows a fenced transaction holds.
 		Sweep: []string{`WITH doomed AS (
@@ -213,9 +274,37 @@ ORDER BY 1, 5`,
         SELECT lock_key FROM {watches} WHERE expires_at <= clock_timestamp()
         LIMIT @limit FOR UPDATE SKIP LOCKED)
       AND expires_at <= clock_timestamp()
+), stale_tickets AS (
+    DELETE FROM {tickets} WHERE ticket_id IN (
+        SELECT ticket_id FROM {tickets} WHERE expires_at <= clock_timestamp()
+        LIMIT @limit FOR UPDATE SKIP LOCKED)
+      AND expires_at <= clock_timestamp()
 )
 DELETE FROM {holders} h USING doomed d
 WHERE h.lease_id = d.lease_id AND h.expires_at <= clock_timestamp()`},
-		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {markers}) + (SELECT count(*) FROM {watches})`,
+		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {markers}) + (SELECT count(*) FROM {watches}) + (SELECT count(*) FROM {tickets})`,
+		// FIFO waiters (SPEC W6): the function has its own read-only pass.
+		AcquireFIFO: []string{`SELECT granted, lease_id, mode, owner, token, expires_us, now_us
+FROM {acquire_fifo}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint, @watch_us::bigint, @ticket_id, @ticket_us::bigint)`},
+		Dequeue: `DELETE FROM {tickets} WHERE ticket_id = @ticket_id`,
 	}
+}
+
+// SessionID returns pg_backend_pid() of tx's connection. With BlockedBy it
+// lets the conformance suite watch lock waits (conformance.LockInspector).
+func (Dialect) SessionID(ctx context.Context, tx *sql.Tx) (int64, error) {
+	var pid int64
+	err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
+	return pid, err
+}
+
+// BlockedBy returns the pid of one backend waiting for a lock that backend
+// pid holds (pg_blocking_pids), and false when none waits.
+func (Dialect) BlockedBy(ctx context.Context, db *sql.DB, pid int64) (int64, bool, error) {
+	var waiter int64
+	err := db.QueryRowContext(ctx, `SELECT pid FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)) LIMIT 1`, pid).Scan(&waiter)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	return waiter, err == nil, err
 }

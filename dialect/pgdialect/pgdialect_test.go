@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/sqlease/sqlease/conformance"
+	"github.com/sqlease/sqlease/conformance/conftest"
 )
 
 // TestConformance runs the whole SPEC suite on PostgreSQL, each case in its
@@ -13,7 +14,7 @@ func TestConformance(t *testing.T) {
 	if conformance.IsChild() {
 		conformance.Run(t, conformance.Config{})
 	}
-	cfg := conformance.Postgres(conformance.PostgresDSN(t))
+	cfg := conftest.Postgres(conftest.PostgresDSN(t))
 	cfg.Short = testing.Short()
 	conformance.Run(t, cfg)
 }

@@ -10,10 +10,29 @@
 // too, so keep fenced transactions much shorter than the TTL.
 //
 // Importing the package registers the dialect as "sqlite"; it is detected
-// for github.com/mattn/go-sqlite3 and modernc.org/sqlite. Use a DSN with a
-// busy timeout (mattn: _busy_timeout=5000, the default) and WAL journal mode
-// (_journal_mode=WAL) for concurrent readers. Errors are classified with
-// mattn's sqlite3.Error, or the Code() method of modernc's error type.
+// for modernc.org/sqlite (pure Go, driver "sqlite", builds with
+// CGO_ENABLED=0) and github.com/mattn/go-sqlite3 (cgo, driver "sqlite3").
+// The package imports neither driver: the program imports the one it uses,
+// and errors are classified through ResultCode, which reads both drivers'
+// error types without linking them.
+//
+// # DSN
+//
+// Use WAL journal mode for concurrent readers and a busy timeout so writers
+// queue instead of failing with SQLITE_BUSY. Both drivers accept mattn's
+// query keys (modernc.org/sqlite does in v1.62.0, the version tested):
+//
+//	file:/var/lib/app/locks.db?_journal_mode=WAL&_busy_timeout=10000
+//
+// modernc.org/sqlite also accepts the long form
+// _pragma=journal_mode(WAL)&_pragma=busy_timeout(10000), which mattn
+// ignores. Adding _txlock=immediate (both drivers) makes database/sql
+// transactions begin with BEGIN IMMEDIATE; the engine's own write scripts
+// always do (Statements.BeginWrite), and a fenced transaction's first
+// statement is a write, so neither needs it.
+//
+// "SPEC H3" and the like cite the numbered rules of docs/contract.md in the
+// repository, the contract sqlease keeps on every dialect.
 package sqlitedialect
 
 import (
@@ -21,10 +40,9 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
+	"reflect"
 	"strconv"
 	"strings"
-
-	"github.com/mattn/go-sqlite3"
 
 	"github.com/sqlease/sqlease/dialect"
 )
@@ -51,8 +69,15 @@ func New() Dialect { return Dialect{} }
 // Name returns "sqlite".
 func (Dialect) Name() string { return Name }
 
-// Capabilities: write-lock fences only (no schemas, one writer at a time).
-func (Dialect) Capabilities() dialect.Capabilities { return dialect.CapWriteLockFence }
+// String returns Name, so a dialect (for example dialect.Detect's result)
+// prints as its name with fmt's %v.
+func (Dialect) String() string { return Name }
+
+// Capabilities: write-lock fences and FIFO tickets (no schemas, one writer
+// at a time).
+func (Dialect) Capabilities() dialect.Capabilities {
+	return dialect.CapWriteLockFence | dialect.CapFIFO
+}
 
 // QuoteIdent double-quotes name, doubling embedded quotes.
 func (Dialect) QuoteIdent(name string) string {
@@ -80,7 +105,8 @@ func (Dialect) MatchesDriver(d driver.Driver) bool {
 	return p == "github.com/mattn/go-sqlite3" || p == "modernc.org/sqlite"
 }
 
-// SQLite result codes used by Classify.
+// SQLite primary result codes used by Classify (the low byte of an extended
+// result code).
 const (
 	codeBusy       = 5
 	codeLocked     = 6
@@ -89,24 +115,15 @@ const (
 
 // Classify: SQLITE_BUSY and SQLITE_LOCKED (and a lost connection) are
 // retryable, SQLITE_CONSTRAINT is a conflict, "no such table" means the
-// schema is not migrated.
+// schema is not migrated. Extended result codes (SQLITE_BUSY_SNAPSHOT,
+// SQLITE_CONSTRAINT_UNIQUE, ...) count as their primary code. See
+// ResultCode for how the code is read without importing a driver.
 func (Dialect) Classify(err error) dialect.ErrorClass {
 	if err == nil {
 		return dialect.ErrorOther
 	}
-	code := -1
-	var me sqlite3.Error
-	var pe *sqlite3.Error
-	var coder interface{ Code() int }
-	switch {
-	case errors.As(err, &me):
-		code = int(me.Code)
-	case errors.As(err, &pe) && pe != nil:
-		code = int(pe.Code)
-	case errors.As(err, &coder):
-		code = coder.Code() & 0xff
-	}
-	switch code {
+	code, _ := ResultCode(err)
+	switch code & 0xff {
 	case codeBusy, codeLocked:
 		return dialect.ErrorRetryable
 	case codeConstraint:
@@ -121,8 +138,101 @@ func (Dialect) Classify(err error) dialect.ErrorClass {
 	return dialect.ErrorOther
 }
 
+// ResultCode returns the SQLite result code carried by err or by an error it
+// wraps (errors.As), extended when the driver reports one (for example 517,
+// SQLITE_BUSY_SNAPSHOT; the primary code is code & 0xff), and whether one
+// was found. The package imports no driver, so a program built with
+// CGO_ENABLED=0 on modernc.org/sqlite links no cgo, and a mattn program does
+// not link modernc:
+//
+//   - modernc.org/sqlite: its *sqlite.Error has a Code() int method; any
+//     error with that method is read through it.
+//   - github.com/mattn/go-sqlite3: its sqlite3.Error has no method carrying
+//     the code, only the exported fields ExtendedCode and Code. They are
+//     read by reflection, and only from a struct type named Error declared
+//     in package github.com/mattn/go-sqlite3 (value or pointer). A
+//     build-tagged adapter could not tell which driver a program uses:
+//     tagged on cgo it would link mattn's C SQLite into every cgo build of
+//     a modernc program.
+func ResultCode(err error) (int, bool) {
+	for _, e := range chain(err) {
+		if c, ok := e.(interface{ Code() int }); ok {
+			return c.Code(), true
+		}
+		if code, ok := mattnCode(e); ok {
+			return code, true
+		}
+	}
+	return 0, false
+}
+
+// mattnPackage is the import path of github.com/mattn/go-sqlite3.
+const mattnPackage = "github.com/mattn/go-sqlite3"
+
+// mattnCode reads the result code of a mattn sqlite3.Error (value or
+// pointer): ExtendedCode when set, else Code.
+func mattnCode(err error) (int, bool) {
+	v := reflect.ValueOf(err)
+	if v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return 0, false
+		}
+		v = v.Elem()
+	}
+	t := v.Type()
+	if v.Kind() != reflect.Struct || t.Name() != "Error" || t.PkgPath() != mattnPackage {
+		return 0, false
+	}
+	field := func(name string) (int, bool) {
+		f := v.FieldByName(name)
+		if !f.IsValid() || !f.CanInt() {
+			return 0, false
+		}
+		return int(f.Int()), true
+	}
+	if ext, ok := field("ExtendedCode"); ok && ext != 0 {
+		return ext, true
+	}
+	return field("Code")
+}
+
+// chain lists err and every error it wraps, depth first (Unwrap() error and
+// Unwrap() []error), as errors.As walks them.
+func chain(err error) []error {
+	var out []error
+	var walk func(error)
+	walk = func(e error) {
+		for e != nil && len(out) < 64 {
+			out = append(out, e)
+			switch u := e.(type) {
+			case interface{ Unwrap() []error }:
+				for _, x := range u.Unwrap() {
+					walk(x)
+				}
+				return
+			case interface{ Unwrap() error }:
+				e = u.Unwrap()
+			default:
+				return
+			}
+		}
+	}
+	walk(err)
+	return out
+}
+
 // now is the database clock in integer microseconds (millisecond resolution).
 const now = `(CAST(unixepoch('subsec') * 1000 AS INTEGER) * 1000)`
+
+// mySeq is the FIFO caller's place in the queue of its key: its live
+// ticket's sequence number, or past every ticket when it has none (a try).
+const mySeq = `coalesce((SELECT seq FROM {tickets} WHERE ticket_id = @ticket_id AND expires_us > ` + now + `), 9223372036854775807)`
+
+// ticketsAhead selects the live tickets of @key ahead of the caller's that
+// conflict with @mode (SPEC W6).
+const ticketsAhead = `FROM {tickets} t
+WHERE t.lock_key = @key AND t.expires_us > ` + now + ` AND t.ticket_id <> @ticket_id
+  AND (t.mode = 'x' OR @mode = 'x') AND t.seq < ` + mySeq
 
 // Statements returns the SQLite statement templates.
 func (Dialect) Statements() dialect.Statements {
@@ -198,11 +308,102 @@ FROM {holders} WHERE substr(lock_key, 1, length(@key_prefix)) = @key_prefix
 UNION ALL
 SELECT lock_key, 'w', waiter_id, owner, 0, expires_us, ` + now + `
 FROM {markers} WHERE substr(lock_key, 1, length(@key_prefix)) = @key_prefix
+UNION ALL
+SELECT lock_key, 'q', ticket_id, owner, seq, expires_us, ` + now + `
+FROM {tickets} WHERE substr(lock_key, 1, length(@key_prefix)) = @key_prefix
 ORDER BY 1, 5`,
 		Sweep: []string{
 			`DELETE FROM {markers} WHERE rowid IN (SELECT rowid FROM {markers} WHERE expires_us <= ` + now + ` LIMIT @limit)`,
+			`DELETE FROM {tickets} WHERE seq IN (SELECT seq FROM {tickets} WHERE expires_us <= ` + now + ` LIMIT @limit)`,
 			`DELETE FROM {holders} WHERE rowid IN (SELECT rowid FROM {holders} WHERE expires_us <= ` + now + ` ORDER BY expires_us LIMIT @limit)`,
 		},
-		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {markers})`,
+		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {markers}) + (SELECT count(*) FROM {tickets})`,
+		// FIFO waiters (SPEC W6): a refused poll is one read.
+		ProbeFIFO: `WITH b AS (
+    SELECT 0 AS granted, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + ` AS now_us
+    FROM {holders} h
+    WHERE h.lock_key = @key AND h.expires_us > ` + now + ` AND (h.mode = 'x' OR @mode = 'x')
+    UNION ALL
+    SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
+    FROM {markers} m
+    WHERE m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id
+    UNION ALL
+    SELECT 0, t.ticket_id, 'q', t.owner, t.seq, t.expires_us, ` + now + `
+    ` + ticketsAhead + `
+)
+SELECT * FROM b
+UNION ALL
+SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
+FROM {markers} m
+WHERE m.lock_key = @key AND m.waiter_id = @lease_id AND m.expires_us > ` + now + ` AND EXISTS (SELECT 1 FROM b)`,
+		AcquireFIFO: []string{
+			`DELETE FROM {holders} WHERE lock_key = @key AND expires_us <= ` + now,
+			`DELETE FROM {markers} WHERE lock_key = @key AND expires_us <= ` + now,
+			`DELETE FROM {tickets} WHERE lock_key = @key AND expires_us <= ` + now,
+			// Take a place at the end of the queue, or keep ours.
+			`INSERT INTO {tickets} (ticket_id, lock_key, mode, owner, queued_us, expires_us)
+SELECT @ticket_id, @key, @mode, @owner, ` + now + `, ` + now + ` + @ticket_us
+WHERE @ticket_us > 0 AND @mode IN ('x', 's')
+ON CONFLICT (ticket_id) DO UPDATE SET expires_us = excluded.expires_us`,
+			`INSERT INTO {holders} (lease_id, lock_key, mode, owner, token, acquired_us, expires_us)
+SELECT @lease_id, @key, @mode, @owner, c.value + 1, ` + now + `, ` + now + ` + @ttl_us
+FROM {counter} c
+WHERE c.id = 1
+  AND @mode IN ('x', 's')
+  AND NOT EXISTS (SELECT 1 FROM {holders} h WHERE h.lock_key = @key AND (h.mode = 'x' OR @mode = 'x'))
+  AND NOT EXISTS (SELECT 1 FROM {markers} m WHERE m.lock_key = @key AND m.waiter_id <> @lease_id)
+  AND NOT EXISTS (SELECT 1 ` + ticketsAhead + `)`,
+			// Only the head of the queue claims the key against readers
+			// that do not queue.
+			`INSERT INTO {markers} (lock_key, waiter_id, owner, expires_us)
+SELECT @key, @lease_id, @owner, ` + now + ` + @marker_us
+WHERE @mode = 'x' AND @marker_us > 0 AND NOT EXISTS (SELECT 1 FROM {holders} WHERE lease_id = @lease_id)
+  AND NOT EXISTS (SELECT 1 ` + ticketsAhead + `)
+ON CONFLICT (lock_key) DO UPDATE SET expires_us = excluded.expires_us
+WHERE waiter_id = excluded.waiter_id`,
+			`DELETE FROM {markers} WHERE lock_key = @key AND waiter_id = @lease_id
+  AND EXISTS (SELECT 1 FROM {holders} WHERE lease_id = @lease_id)`,
+			`DELETE FROM {tickets} WHERE ticket_id = @ticket_id
+  AND EXISTS (SELECT 1 FROM {holders} WHERE lease_id = @lease_id)`,
+			`SELECT 1 AS granted, lease_id, mode, owner, token, expires_us, ` + now + ` AS now_us
+FROM {holders} WHERE lease_id = @lease_id
+UNION ALL
+SELECT 0, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + `
+FROM {holders} h
+WHERE h.lock_key = @key AND (h.mode = 'x' OR @mode = 'x')
+  AND NOT EXISTS (SELECT 1 FROM {holders} g WHERE g.lease_id = @lease_id)
+UNION ALL
+SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
+FROM {markers} m
+WHERE m.lock_key = @key AND NOT EXISTS (SELECT 1 FROM {holders} g WHERE g.lease_id = @lease_id)
+UNION ALL
+SELECT 0, t.ticket_id, 'q', t.owner, t.seq, t.expires_us, ` + now + `
+` + ticketsAhead + `
+  AND NOT EXISTS (SELECT 1 FROM {holders} g WHERE g.lease_id = @lease_id)`,
+		},
+		Dequeue: `DELETE FROM {tickets} WHERE ticket_id = @ticket_id`,
+		// The uncontended grant in one autocommit statement: expired
+		// holders and markers do not block it, and the takeover trigger
+		// deletes them (and the caller's own marker) in the same
+		// statement. The write lock is taken at the statement's start, so
+		// the checks and the insert see one state (SPEC S1, S3).
+		Grant: `INSERT INTO {holders} (lease_id, lock_key, mode, owner, token, acquired_us, expires_us)
+SELECT @lease_id, @key, @mode, @owner, c.value + 1, ` + now + `, ` + now + ` + @ttl_us
+FROM {counter} c
+WHERE c.id = 1
+  AND @mode IN ('x', 's')
+  AND NOT EXISTS (SELECT 1 FROM {holders} h
+                  WHERE h.lock_key = @key AND h.expires_us > ` + now + ` AND (h.mode = 'x' OR @mode = 'x'))
+  AND NOT EXISTS (SELECT 1 FROM {markers} m
+                  WHERE m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id)
+RETURNING 1 AS granted, lease_id, mode, owner, token, expires_us, ` + now + ` AS now_us`,
+		// A marker refresh in one statement: set, refresh, or take over
+		// an expired marker of another waiter.
+		Mark: `INSERT INTO {markers} (lock_key, waiter_id, owner, expires_us)
+SELECT @key, @lease_id, @owner, ` + now + ` + @marker_us
+WHERE @mode = 'x' AND @marker_us > 0
+ON CONFLICT (lock_key) DO UPDATE SET waiter_id = excluded.waiter_id, owner = excluded.owner, expires_us = excluded.expires_us
+WHERE waiter_id = excluded.waiter_id OR expires_us <= ` + now + `
+RETURNING expires_us, ` + now + ` AS now_us`,
 	}
 }

@@ -124,6 +124,11 @@ type Rule struct {
 	// Hits, when not nil, is incremented each time the rule acts on a
 	// statement (also when the statement's context then ends first).
 	Hits *atomic.Int64
+	// MinArgBytes, when positive, limits the rule to statements whose
+	// string and []byte arguments total at least this many bytes: a
+	// statement that fails only when it carries too much (a batch too big
+	// to finish in time). Transaction methods have no arguments.
+	MinArgBytes int
 }
 
 // rule is an installed Rule with its use count.
@@ -229,7 +234,7 @@ func (inj *Injector) count(text string) {
 
 // match returns a copy of the first rule that matches text and has Times
 // left, after charging the use to it, or nil.
-func (inj *Injector) match(text string) *rule {
+func (inj *Injector) match(text string, args []driver.NamedValue) *rule {
 	inj.mu.Lock()
 	defer inj.mu.Unlock()
 	for _, r := range inj.rules {
@@ -239,6 +244,9 @@ func (inj *Injector) match(text string) *rule {
 		if !strings.Contains(text, r.Match) {
 			continue
 		}
+		if r.MinArgBytes > 0 && argBytes(args) < r.MinArgBytes {
+			continue
+		}
 		r.used++
 		if r.Hits != nil {
 			r.Hits.Add(1)
@@ -246,6 +254,20 @@ func (inj *Injector) match(text string) *rule {
 		return r
 	}
 	return nil
+}
+
+// argBytes is the total length of the string and []byte arguments.
+func argBytes(args []driver.NamedValue) int {
+	n := 0
+	for _, a := range args {
+		switch v := a.Value.(type) {
+		case string:
+			n += len(v)
+		case []byte:
+			n += len(v)
+		}
+	}
+	return n
 }
 
 // refund gives back the use of r charged by match, for a statement that the
@@ -296,8 +318,8 @@ type verdict struct {
 // before applies the rules to a statement with the given text and context.
 // A non-nil error means the statement must not be sent and the error must be
 // returned instead.
-func (inj *Injector) before(ctx context.Context, text string) (verdict, error) {
-	r := inj.match(text)
+func (inj *Injector) before(ctx context.Context, text string, args []driver.NamedValue) (verdict, error) {
+	r := inj.match(text, args)
 	if r == nil {
 		return verdict{}, nil
 	}
@@ -510,7 +532,7 @@ func (c *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	if c.bad.Load() {
 		return nil, driver.ErrBadConn
 	}
-	v, err := c.inj.before(ctx, textBegin)
+	v, err := c.inj.before(ctx, textBegin, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -553,7 +575,7 @@ func (c *Conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if c.bad.Load() {
 		return nil, driver.ErrBadConn
 	}
-	v, err := c.inj.before(ctx, query)
+	v, err := c.inj.before(ctx, query, args)
 	if err != nil {
 		return nil, err
 	}
@@ -582,7 +604,7 @@ func (c *Conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 	if c.bad.Load() {
 		return nil, driver.ErrBadConn
 	}
-	v, err := c.inj.before(ctx, query)
+	v, err := c.inj.before(ctx, query, args)
 	if err != nil {
 		return nil, err
 	}
@@ -690,7 +712,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 	if s.c.bad.Load() {
 		return nil, driver.ErrBadConn
 	}
-	v, err := s.c.inj.before(ctx, s.query)
+	v, err := s.c.inj.before(ctx, s.query, args)
 	if err != nil {
 		return nil, err
 	}
@@ -720,7 +742,7 @@ func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driv
 	if s.c.bad.Load() {
 		return nil, driver.ErrBadConn
 	}
-	v, err := s.c.inj.before(ctx, s.query)
+	v, err := s.c.inj.before(ctx, s.query, args)
 	if err != nil {
 		return nil, err
 	}
@@ -796,7 +818,7 @@ func (t *tx) Commit() error {
 	if t.c.bad.Load() {
 		return driver.ErrBadConn
 	}
-	v, err := t.c.inj.before(t.ctx, textCommit)
+	v, err := t.c.inj.before(t.ctx, textCommit, nil)
 	if err != nil {
 		rerr := t.base.Rollback()
 		t.c.inj.count(textRollback)
@@ -822,7 +844,7 @@ func (t *tx) Rollback() error {
 	if t.c.bad.Load() {
 		return driver.ErrBadConn
 	}
-	v, err := t.c.inj.before(t.ctx, textRollback)
+	v, err := t.c.inj.before(t.ctx, textRollback, nil)
 	if err != nil {
 		t.c.markBad()
 		return err

@@ -1,3 +1,8 @@
+//go:build cgo
+
+// The tests drive mattn/go-sqlite3 (cgo) through the wrapper; builds with
+// CGO_ENABLED=0 skip them.
+
 package faultdb_test
 
 import (
@@ -261,6 +266,39 @@ func TestFail(t *testing.T) {
 			t.Fatalf("err = %v, want the generic injected error", err)
 		}
 		e.wantRows(t, 2)
+	})
+}
+
+// TestMinArgBytes: a rule with MinArgBytes acts only on statements whose
+// string arguments are that long, direct or prepared, and the connection
+// serves the next statement normally.
+func TestMinArgBytes(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		var hits atomic.Int64
+		e.inj.Add(faultdb.Rule{Match: "INSERT INTO", Action: faultdb.Fail, Err: errBoom, MinArgBytes: 100, Hits: &hits})
+		long := strings.Repeat("x", 100)
+		if err := e.insert(ctx, e.db, long); !errors.Is(err, errBoom) {
+			t.Fatalf("100-byte argument: err = %v, want %v", err, errBoom)
+		}
+		if err := e.insert(ctx, e.db, long[:99]); err != nil {
+			t.Fatalf("99-byte argument: %v", err)
+		}
+		stmt, err := e.db.PrepareContext(ctx, e.insertSQL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stmt.Close()
+		if _, err := stmt.ExecContext(ctx, long+"y"); !errors.Is(err, errBoom) {
+			t.Fatalf("prepared, 101 bytes: err = %v, want %v", err, errBoom)
+		}
+		if _, err := stmt.ExecContext(ctx, "short"); err != nil {
+			t.Fatalf("prepared, short: %v", err)
+		}
+		e.wantRows(t, 2)
+		if hits.Load() != 2 {
+			t.Fatalf("hits = %d, want 2", hits.Load())
+		}
 	})
 }
 

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -7,21 +7,28 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/sqlease/sqlease/conformance"
+	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
+	"github.com/sqlease/sqlease/internal/testnote"
 	"github.com/sqlease/sqlease/lock"
 )
 
@@ -31,6 +38,9 @@ func TestMain(m *testing.M) {
 	if conformance.IsChild() {
 		os.Exit(conformance.ChildMain())
 	}
+	testnote.Skipped("sqlease/cli", testnote.PostgreSQL)
+	// Confirmation prompts never wait on the test's stdin.
+	stdinIsTerminal = func() bool { return false }
 	os.Exit(m.Run())
 }
 
@@ -69,7 +79,7 @@ func migrated(t *testing.T) string {
 	t.Helper()
 	path := sqliteFile(t)
 	r := cli(t, "migrate", "--dsn", path)
-	if r.code != 0 || !strings.Contains(r.stdout, "applied 00001_") {
+	if r.code != 0 || !strings.Contains(r.stdout, "OK   00001_") {
 		t.Fatalf("migrate: want exit 0 and an applied migration, got %v", r)
 	}
 	return path
@@ -78,7 +88,7 @@ func migrated(t *testing.T) string {
 // locker opens a Locker on the SQLite file at path.
 func locker(t *testing.T, path string, opts ...lock.Option) *lock.Locker {
 	t.Helper()
-	db, err := sql.Open("sqlite3", conformance.SQLiteDSN(path))
+	db, err := sql.Open("sqlite", conftest.SQLiteDSN(path))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +161,7 @@ func TestHelp(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("%v: %v", args, r)
 		}
-		for _, want := range []string{"check", "migrate", "status", "sweep", "--dsn", "--run", "--parallel", "--limit", "--json", "--schema", "--prefix", "SQLEASE_DSN"} {
+		for _, want := range []string{"check", "migrate", "status", "sweep", "drop", "version", "--yes", "--dsn", "--run", "--parallel", "--limit", "--json", "--schema", "--prefix", "SQLEASE_DSN"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("%v: help lacks %q:\n%s", args, want, r.stdout)
 			}
@@ -159,8 +169,21 @@ func TestHelp(t *testing.T) {
 	}
 	for _, args := range [][]string{{"help", "sweep"}, {"sweep", "--help"}} {
 		r := cli(t, args...)
-		if r.code != 0 || !strings.Contains(r.stdout, "-limit") {
+		if r.code != 0 || !strings.Contains(r.stdout, "  --limit N\n") || !strings.Contains(r.stdout, "(default 1000)") {
 			t.Errorf("%v: want exit 0 and the sweep flags, got %v", args, r)
+		}
+	}
+	// Every command's help spells flags --flag, as the top-level help does.
+	for _, c := range commands() {
+		if c.setup == nil {
+			continue
+		}
+		r := cli(t, "help", c.name)
+		if r.code != 0 || !strings.Contains(r.stdout, "  --") {
+			t.Errorf("help %s: want --flags, got %v", c.name, r)
+		}
+		if m := regexp.MustCompile(`(?m)^\s+-[a-z]`).FindString(r.stdout); m != "" {
+			t.Errorf("help %s: a flag spelled -flag (%q):\n%s", c.name, m, r.stdout)
 		}
 	}
 }
@@ -193,6 +216,22 @@ func TestBadUsageExits2(t *testing.T) {
 		{[]string{"sweep", "--dsn", path, "--schema", "app"}, "schema"},
 		{[]string{"migrate", "sideways", "--dsn", path}, `unknown action "sideways"`},
 		{[]string{"migrate", "up", "extra", "--dsn", path}, "unexpected argument"},
+		// Key prefixes are validated like keys (lock.CheckKeyPrefix).
+		{[]string{"status", "--dsn", path, "--key", "\xff\xfe"}, `invalid --key "\xff\xfe": is not valid UTF-8`},
+		{[]string{"status", "--dsn", path, "--key", "a\x00b"}, "contains NUL"},
+		{[]string{"status", "--dsn", path, "--key", strings.Repeat("k", 2000)}, "is 2000 bytes"},
+		// Reserved and invalid schemas, before any database is reached.
+		{[]string{"status", "--dsn", unreachableDSN, "--schema", "pg_catalog"}, `invalid --schema "pg_catalog": is reserved`},
+		{[]string{"migrate", "--dsn", unreachableDSN, "--schema", "information_schema"}, `invalid --schema "information_schema"`},
+		{[]string{"sweep", "--dsn", "mysql://root@127.0.0.1:1/x", "--schema", "mysql"}, `invalid --schema "mysql"`},
+		{[]string{"status", "--dsn", unreachableDSN, "--schema", "Bad-Schema"}, `invalid --schema "Bad-Schema"`},
+		{[]string{"drop", "--dsn", path, "--prefix", "X"}, `invalid --prefix "X"`},
+		// Destroying needs --yes when stdin is not a terminal.
+		{[]string{"drop", "--dsn", path}, "00001_lock_tables.sql (dropping the lock tables with every lease in them) and drop tables"},
+		{[]string{"migrate", "down", "--dsn", path}, "pass --yes"},
+		{[]string{"drop", "--dsn", path, "extra"}, "unexpected argument"},
+		{[]string{"version", "extra"}, "unexpected argument"},
+		{[]string{"check", "--dsn", path, "--json", "--run", "("}, "--run"},
 	} {
 		r := cli(t, tc.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
@@ -247,8 +286,9 @@ func TestMissingSchemaExits2(t *testing.T) {
 func TestMigrate(t *testing.T) {
 	path := sqliteFile(t)
 	r := cli(t, "migrate", "up", "--dsn", "sqlite:"+path)
-	if r.code != 0 || !strings.Contains(r.stdout, "applied 00001_") {
-		t.Fatalf("migrate up: %v", r)
+	// goose-style lines with timing, then the version reached.
+	if r.code != 0 || !regexp.MustCompile(`^OK   00001_lock_tables\.sql \([0-9.]+[µm]?s\)\n(OK   0000\d_\S+\.sql \([0-9.]+[µm]?s\)\n)*migrated to version \d+ in [0-9.]+[µm]?s \(table sqlease_db_version\)\n$`).MatchString(r.stdout) {
+		t.Fatalf("migrate up: want OK lines with durations and a final line, got %v", r)
 	}
 	t.Setenv(dsnEnv, path)
 	r = cli(t, "migrate")
@@ -468,7 +508,7 @@ func TestCheckBinary(t *testing.T) {
 		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
 	bin := filepath.Join(t.TempDir(), "sqlease")
-	if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command(goTool, "build", "-o", bin, "../cmd/sqlease").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	r := checkRun(t, func() result {
@@ -497,7 +537,7 @@ func TestCheckBinary(t *testing.T) {
 }
 
 func TestCheckPostgres(t *testing.T) {
-	dsn := conformance.PostgresDSN(t)
+	dsn := conftest.PostgresDSN(t)
 	var mu sync.Mutex
 	var schemas []string
 	newDatabaseHook = func(d conformance.Database) {
@@ -535,8 +575,56 @@ func TestCheckPostgres(t *testing.T) {
 	}
 }
 
+// TestCheckMySQL runs check with a mysql:// URL: every case gets a
+// database of its own, and none is left afterwards.
+func TestCheckMySQL(t *testing.T) {
+	dsn := conftest.MySQLDSN(t)
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "mysql://" + mc.User + "@" + mc.Addr + "/" + mc.DBName
+	if mc.Passwd != "" {
+		url = "mysql://" + mc.User + ":" + mc.Passwd + "@" + mc.Addr + "/" + mc.DBName
+	}
+	var mu sync.Mutex
+	var schemas []string
+	newDatabaseHook = func(d conformance.Database) {
+		mu.Lock()
+		schemas = append(schemas, d.Namespace.Schema)
+		mu.Unlock()
+	}
+	defer func() { newDatabaseHook = nil }()
+	r := checkRun(t, func() result {
+		return cli(t, "check", "--run", lightCases(t)+"|F1_|D1_", "--parallel", "2", "--dsn", url)
+	})
+	passed, failed, _ := summary(t, r)
+	if r.code != 0 || failed != 0 || passed == 0 {
+		t.Fatalf("check on MySQL: want exit 0 and passing cases, got %v", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(schemas) < passed {
+		t.Fatalf("saw %d case databases for %d passing cases", len(schemas), passed)
+	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, s := range schemas {
+		var n int
+		if err := db.QueryRowContext(t.Context(), `SELECT count(*) FROM information_schema.schemata WHERE schema_name = ?`, s).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 || !strings.HasPrefix(s, "sqlease_t_") {
+			t.Errorf("check left database %s behind (or it is not a sqlease_t_ database)", s)
+		}
+	}
+}
+
 func TestStatusPostgresSchema(t *testing.T) {
-	dsn := conformance.PostgresDSN(t)
+	dsn := conftest.PostgresDSN(t)
 	schema := fmt.Sprintf("sqlease_cli_%d", time.Now().UnixNano()%1e9)
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
@@ -572,8 +660,26 @@ func TestStatusPostgresSchema(t *testing.T) {
 	}
 }
 
+// runCasesText runs cases as check does and returns its text and counts.
+func runCasesText(t *testing.T, cfg conformance.Config, cases []conformance.Case, timeout time.Duration) (string, checkJSON, []string) {
+	var stdout bytes.Buffer
+	out := &output{stdout: &stdout, stderr: &stdout}
+	var rep checkJSON
+	rule := ""
+	_, running := runCases(t.Context(), cfg, cases, 2, timeout, func(r caseResult) {
+		rep.count(r.status)
+		rep.Cases = append(rep.Cases, caseJSON{Name: r.name, Rule: r.rule, Result: r.status})
+		if r.rule != rule {
+			rule = r.rule
+			fmt.Fprintln(&stdout, ruleHeader(rule))
+		}
+		printResult(out, r, width(cases), false)
+	})
+	return stdout.String(), rep, running
+}
+
 func TestRunCasesReport(t *testing.T) {
-	cfg := conformance.SQLite(t.TempDir())
+	cfg := conftest.SQLite(t.TempDir())
 	cases := []conformance.Case{
 		{Name: "X1_Passes", Rule: "X1", Run: func(e *conformance.Env) {
 			if _, err := e.NewLocker(nil).TryAcquire(e.Ctx(), "k", lock.Exclusive); err != nil {
@@ -588,19 +694,49 @@ func TestRunCasesReport(t *testing.T) {
 			e.T.Errorf("ran without the capability")
 		}},
 	}
-	var stdout bytes.Buffer
-	passed, failed, skipped, running := runCases(t.Context(), &output{stdout: &stdout, stderr: &stdout}, cfg, cases, 2, false, time.Minute)
-	if passed != 1 || failed != 1 || skipped != 1 || running != nil {
-		t.Errorf("want 1 passed, 1 failed, 1 skipped; got %d, %d, %d:\n%s", passed, failed, skipped, stdout.String())
+	text, rep, running := runCasesText(t, cfg, cases, time.Minute)
+	if rep.Summary.Passed != 1 || rep.Summary.Failed != 1 || rep.Summary.Skipped != 1 || running != nil {
+		t.Errorf("want 1 passed, 1 failed, 1 skipped; got %+v:\n%s", rep.Summary, text)
 	}
 	for _, re := range []string{
-		`(?m)^X1_Passes\s+PASS\s+[0-9.]+s$`,
+		`(?m)^== X1\nX1_Passes\s+PASS\s+[0-9.]+s$`,
 		`(?m)^X2_Fails\s+FAIL\s+[0-9.]+s\n    first line\n    second line\n    it broke$`,
 		`(?m)^X3_NeedsRowLocks\s+SKIP\s+[0-9.]+s\n    skipped: .*row-lock-fence`,
 	} {
-		if !regexp.MustCompile(re).MatchString(stdout.String()) {
-			t.Errorf("output does not match %s:\n%s", re, stdout.String())
+		if !regexp.MustCompile(re).MatchString(text) {
+			t.Errorf("output does not match %s:\n%s", re, text)
 		}
+	}
+}
+
+// TestRunCasesSorted: cases are printed grouped by rule in the contract's
+// order (S, H, W, F, D, I; S2 before S10), whatever order they end in.
+func TestRunCasesSorted(t *testing.T) {
+	slow := func(d time.Duration) func(*conformance.Env) {
+		return func(e *conformance.Env) { time.Sleep(d) }
+	}
+	var cases []conformance.Case
+	for _, c := range []struct {
+		name string
+		wait time.Duration
+	}{
+		{"I1_Input", 0}, {"D1_Migrate", 0}, {"S10_Late", 0}, {"H2_Renew", 0}, {"S2_Slow", 300 * time.Millisecond},
+		{"W1_Writer", 0}, {"F1_Fence", 0}, {"S1_B", 0}, {"S1_A", 200 * time.Millisecond}, {"Z1_Other", 0},
+	} {
+		rule, _, _ := strings.Cut(c.name, "_")
+		cases = append(cases, conformance.Case{Name: c.name, Rule: rule, Run: slow(c.wait)})
+	}
+	text, rep, _ := runCasesText(t, conftest.SQLite(t.TempDir()), cases, time.Minute)
+	var got []string
+	for _, c := range rep.Cases {
+		got = append(got, c.Name)
+	}
+	want := "S1_A S1_B S2_Slow S10_Late H2_Renew W1_Writer F1_Fence D1_Migrate I1_Input Z1_Other"
+	if strings.Join(got, " ") != want {
+		t.Errorf("order %v, want %s:\n%s", got, want, text)
+	}
+	if n := strings.Count(text, "\n== "); n != 8 {
+		t.Errorf("want 9 rule headers (one per rule), got %d:\n%s", n+1, text)
 	}
 }
 
@@ -612,11 +748,13 @@ func TestRunCasesTimeout(t *testing.T) {
 		{Name: "X2_Hangs", Rule: "X2", Run: func(e *conformance.Env) { <-release }},
 		{Name: "X3_Quick", Rule: "X3", Run: func(e *conformance.Env) {}},
 	}
-	var stdout bytes.Buffer
 	start := time.Now()
-	passed, failed, _, running := runCases(t.Context(), &output{stdout: &stdout, stderr: &stdout}, conformance.SQLite(t.TempDir()), cases, 2, false, 2*time.Second)
-	if passed != 2 || failed != 0 || len(running) != 1 || running[0] != "X2_Hangs" {
-		t.Errorf("want 2 passed and X2_Hangs still running, got %d passed, %d failed, running %v:\n%s", passed, failed, running, stdout.String())
+	text, rep, running := runCasesText(t, conftest.SQLite(t.TempDir()), cases, 2*time.Second)
+	if rep.Summary.Passed != 2 || rep.Summary.Failed != 0 || len(running) != 1 || running[0] != "X2_Hangs" {
+		t.Errorf("want 2 passed and X2_Hangs still running, got %+v, running %v:\n%s", rep.Summary, running, text)
+	}
+	if !regexp.MustCompile(`X1_Quick[^\n]*\n(.*\n)*X3_Quick`).MatchString(text) {
+		t.Errorf("the cases that ended are not printed in order:\n%s", text)
 	}
 	if d := time.Since(start); d > 30*time.Second {
 		t.Errorf("gave up after %s, want about 2s", d)
@@ -691,17 +829,20 @@ func TestResolve(t *testing.T) {
 	}{
 		{dsn: "postgres://u@h/db", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "postgres://u@h/db"},
 		{dsn: "PostgreSQL://u@h/db", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "PostgreSQL://u@h/db"},
-		{dsn: "/var/lib/app/locks.db", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "/var/lib/app/locks.db?_busy_timeout=10000", wantPath: "/var/lib/app/locks.db"},
-		{dsn: "x.sqlite3", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "x.sqlite3?_busy_timeout=10000", wantPath: "x.sqlite3"},
-		{dsn: "file:/tmp/a.db?_journal_mode=WAL", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "file:/tmp/a.db?_journal_mode=WAL&_busy_timeout=10000", wantPath: "/tmp/a.db"},
-		{dsn: "file:/tmp/a.db?_busy_timeout=5", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "file:/tmp/a.db?_busy_timeout=5", wantPath: "/tmp/a.db"},
-		{dsn: "sqlite:///tmp/b.sqlite", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "/tmp/b.sqlite?_busy_timeout=10000", wantPath: "/tmp/b.sqlite"},
-		{dsn: "sqlite:rel/c", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "rel/c?_busy_timeout=10000", wantPath: "rel/c"},
-		{dsn: "file::memory:?cache=shared", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "file::memory:?cache=shared&_busy_timeout=10000"},
-		{dsn: "/data/locks", dialect: "sqlite", wantDialect: "sqlite", wantDrv: "sqlite3", wantDSN: "/data/locks?_busy_timeout=10000", wantPath: "/data/locks"},
+		{dsn: "/var/lib/app/locks.db", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "/var/lib/app/locks.db?_busy_timeout=10000", wantPath: "/var/lib/app/locks.db"},
+		{dsn: "x.sqlite3", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "x.sqlite3?_busy_timeout=10000", wantPath: "x.sqlite3"},
+		{dsn: "file:/tmp/a.db?_journal_mode=WAL", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "file:/tmp/a.db?_journal_mode=WAL&_busy_timeout=10000", wantPath: "/tmp/a.db"},
+		{dsn: "file:/tmp/a.db?_busy_timeout=5", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "file:/tmp/a.db?_busy_timeout=5", wantPath: "/tmp/a.db"},
+		{dsn: "sqlite:///tmp/b.sqlite", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "/tmp/b.sqlite?_busy_timeout=10000", wantPath: "/tmp/b.sqlite"},
+		{dsn: "sqlite:rel/c", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "rel/c?_busy_timeout=10000", wantPath: "rel/c"},
+		{dsn: "file::memory:?cache=shared", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "file::memory:?cache=shared&_busy_timeout=10000"},
+		{dsn: "/data/locks", dialect: "sqlite", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "/data/locks?_busy_timeout=10000", wantPath: "/data/locks"},
 		{dsn: "host=db user=app", dialect: "postgres", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "host=db user=app"},
 		{dsn: "host=db user=app", err: "--dialect"},
-		{dsn: "x.db", dialect: "mysql", err: "registered: postgres, sqlite"},
+		{dsn: "x.db", dialect: "nosuch", err: "registered: mysql, postgres, sqlite"},
+		{dsn: "mysql://root@127.0.0.1/test", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "root@tcp(127.0.0.1:3306)/test?parseTime=true"},
+		{dsn: "mysql://u:p%40ss@db:3307/app?timeout=5s", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "u:p@ss@tcp(db:3307)/app?parseTime=true&timeout=5s"},
+		{dsn: "root@tcp(127.0.0.1:3306)/test", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "root@tcp(127.0.0.1:3306)/test?parseTime=true"},
 		{dsn: "", err: "SQLEASE_DSN"},
 	} {
 		got, err := resolve(tc.dsn, tc.dialect)
@@ -716,9 +857,357 @@ func TestResolve(t *testing.T) {
 			t.Errorf("resolve(%q, %q): %v", tc.dsn, tc.dialect, err)
 			continue
 		}
-		if got.dialect.Name() != tc.wantDialect || got.driver != tc.wantDrv || got.dsn != tc.wantDSN || got.sqlitePath != tc.wantPath {
+		if got.dialect.Name() != tc.wantDialect || got.driver != tc.wantDrv || got.dsn != tc.wantDSN || got.file != tc.wantPath {
 			t.Errorf("resolve(%q, %q) = %s %s %q path %q; want %s %s %q path %q", tc.dsn, tc.dialect,
-				got.dialect.Name(), got.driver, got.dsn, got.sqlitePath, tc.wantDialect, tc.wantDrv, tc.wantDSN, tc.wantPath)
+				got.dialect.Name(), got.driver, got.dsn, got.file, tc.wantDialect, tc.wantDrv, tc.wantDSN, tc.wantPath)
+		}
+	}
+}
+
+// TestRegisterCommand: a registered command is listed, parses its flags,
+// runs, and its UsageError exits 2.
+func TestRegisterCommand(t *testing.T) {
+	RegisterCommand(Command{
+		Name: "echo-test", Args: "[WORD]", Summary: "print a word (test command)",
+		Setup: func(fs *flag.FlagSet, stdout, stderr io.Writer) func(ctx context.Context, args []string) error {
+			upper := fs.Bool("upper", false, "print in upper case")
+			return func(ctx context.Context, args []string) error {
+				if len(args) != 1 {
+					return UsageError("echo-test takes one word, got %d", len(args))
+				}
+				w := args[0]
+				if *upper {
+					w = strings.ToUpper(w)
+				}
+				fmt.Fprintln(stdout, w)
+				return nil
+			}
+		},
+	})
+	if r := cli(t, "help"); !strings.Contains(r.stdout, "echo-test") {
+		t.Errorf("help does not list the registered command: %v", r)
+	}
+	if r := cli(t, "echo-test", "--upper", "hi"); r.code != 0 || r.stdout != "HI\n" {
+		t.Errorf("registered command: %v", r)
+	}
+	if r := cli(t, "echo-test"); r.code != exitUsage || !strings.Contains(r.stderr, "one word") {
+		t.Errorf("registered command's usage error: %v", r)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	r := cli(t, "version")
+	if r.code != 0 || !regexp.MustCompile(`^sqlease \S+\nmodule  github.com/sqlease/sqlease\ncommit  .+\ngo      go\S+\n$`).MatchString(r.stdout) {
+		t.Fatalf("version: %v", r)
+	}
+	r = cli(t, "version", "--json")
+	var raw map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &raw) != nil {
+		t.Fatalf("version --json: %v", r)
+	}
+	for _, f := range []string{"module", "version", "commit", "commit_time", "modified", "go", "main"} {
+		if _, ok := raw[f]; !ok {
+			t.Errorf("version --json lacks %q: %s", f, r.stdout)
+		}
+	}
+	// A test binary records no VCS stamp: the version says so honestly.
+	if raw["version"] == "" || raw["module"] != "github.com/sqlease/sqlease" {
+		t.Errorf("version --json: %s", r.stdout)
+	}
+
+	// With a stamp, as go build records it.
+	defer func(f func() (*debug.BuildInfo, bool)) { buildInfo = f }(buildInfo)
+	buildInfo = func() (*debug.BuildInfo, bool) {
+		return &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: modulePath, Version: "v1.2.3"},
+			Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.time", Value: "2026-12-01T05:00:00Z"}, {Key: "vcs.modified", Value: "true"}}}, true
+	}
+	r = cli(t, "version")
+	if r.stdout != "sqlease v1.2.3\nmodule  github.com/sqlease/sqlease\ncommit  abc123 (2026-12-01T05:00:00Z, modified)\ngo      go1.26.0\n" {
+		t.Errorf("version with a VCS stamp: %v", r)
+	}
+	// Imported into another module: that module's requirement, no commit.
+	buildInfo = func() (*debug.BuildInfo, bool) {
+		return &debug.BuildInfo{Main: debug.Module{Path: "example.com/tool", Version: "(devel)"},
+			Deps:     []*debug.Module{{Path: modulePath, Version: "v0.9.0"}},
+			Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "other"}}}, true
+	}
+	r = cli(t, "version", "--json")
+	var v versionJSON
+	if json.Unmarshal([]byte(r.stdout), &v) != nil || v.Version != "v0.9.0" || v.Commit != "" || v.Main != "example.com/tool" {
+		t.Errorf("version of an imported CLI: %v", r)
+	}
+	buildInfo = func() (*debug.BuildInfo, bool) { return nil, false }
+	if r = cli(t, "version"); r.code != 0 || !strings.HasPrefix(r.stdout, "sqlease (devel)\n") {
+		t.Errorf("version without build info: %v", r)
+	}
+}
+
+// jsonObject runs a command line that prints one JSON object and decodes it.
+func jsonObject(t *testing.T, v any, args ...string) map[string]any {
+	t.Helper()
+	r := cli(t, args...)
+	if r.code != 0 || strings.Count(strings.TrimSpace(r.stdout), "\n") != 0 {
+		t.Fatalf("%q: want exit 0 and one line of JSON, got %v", args, r)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil {
+		t.Fatalf("%q: %v: %s", args, err, r.stdout)
+	}
+	if err := json.Unmarshal([]byte(r.stdout), v); err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+func hasFields(t *testing.T, what string, raw map[string]any, fields ...string) {
+	t.Helper()
+	for _, f := range fields {
+		if _, ok := raw[f]; !ok {
+			t.Errorf("%s lacks field %q: %v", what, f, raw)
+		}
+	}
+}
+
+func TestJSON(t *testing.T) {
+	path := sqliteFile(t)
+	var up migrateJSON
+	raw := jsonObject(t, &up, "migrate", "--dsn", path, "--json")
+	hasFields(t, "migrate --json", raw, "action", "version", "latest", "version_table", "migrations", "duration_ms")
+	if up.Action != "up" || up.Version == 0 || up.Version != up.Latest || len(up.Migrations) != int(up.Latest) ||
+		up.Migrations[0].Name != "00001_lock_tables.sql" || up.Migrations[0].DurationMS <= 0 || up.VersionTable != "sqlease_db_version" {
+		t.Errorf("migrate --json: %+v", up)
+	}
+	var again migrateJSON
+	jsonObject(t, &again, "migrate", "--dsn", path, "--json")
+	if len(again.Migrations) != 0 || again.Version != up.Version {
+		t.Errorf("second migrate --json: want nothing applied, got %+v", again)
+	}
+	var st migrateJSON
+	jsonObject(t, &st, "migrate", "status", "--dsn", path, "--json")
+	if st.Action != "status" || len(st.Migrations) != int(up.Latest) || st.Migrations[0].Applied == nil || !*st.Migrations[0].Applied {
+		t.Errorf("migrate status --json: %+v", st)
+	}
+	var sw sweepJSON
+	raw = jsonObject(t, &sw, "sweep", "--dsn", path, "--json", "--limit", "7")
+	hasFields(t, "sweep --json", raw, "swept", "limit")
+	if sw.Swept != 0 || sw.Limit != 7 {
+		t.Errorf("sweep --json: %+v", sw)
+	}
+	if hs := statusJSON(t, "--dsn", path); len(hs) != 0 {
+		t.Errorf("status --json on an empty namespace: %+v", hs)
+	}
+
+	t.Setenv(dsnEnv, "")
+	var ck checkJSON
+	raw = jsonObject(t, &ck, "check", "--json", "--run", "^(S3_|I1_)", "--parallel", "2")
+	hasFields(t, "check --json", raw, "dialect", "cases", "summary", "running")
+	if ck.Dialect != "sqlite" || ck.Summary.Passed == 0 || ck.Summary.Failed != 0 || len(ck.Cases) != ck.Summary.Passed+ck.Summary.Skipped {
+		t.Fatalf("check --json: %+v", ck)
+	}
+	if ck.Cases[0].Rule != "S3" || ck.Cases[len(ck.Cases)-1].Rule != "I1" {
+		t.Errorf("check --json: want S3 cases first and I1 last, got %+v", ck.Cases)
+	}
+	caseRaw := raw["cases"].([]any)[0].(map[string]any)
+	hasFields(t, "check --json case", caseRaw, "name", "rule", "result", "duration_ms", "message")
+	hasFields(t, "check --json summary", raw["summary"].(map[string]any), "passed", "failed", "skipped")
+}
+
+// leftInSQLite lists the schema objects of a SQLite file (but SQLite's own).
+func leftInSQLite(t *testing.T, path string) []string {
+	t.Helper()
+	db, err := sql.Open("sqlite", conftest.SQLiteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(t.Context(), `SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var n string
+		rows.Scan(&n)
+		out = append(out, n)
+	}
+	return out
+}
+
+func TestDropSQLite(t *testing.T) {
+	path := migrated(t)
+	l := locker(t, path, lock.WithTTL(time.Minute))
+	if _, err := l.TryAcquire(t.Context(), "held", lock.Exclusive); err != nil {
+		t.Fatal(err)
+	}
+	l.Close(context.Background())
+
+	// Without --yes and without a terminal: exit 2, saying what would go.
+	r := cli(t, "drop", "--dsn", path)
+	if r.code != 2 || !strings.Contains(r.stderr, `drop tables "sqlease_db_version" of prefix sqlease_`) || !strings.Contains(r.stderr, "--yes") {
+		t.Fatalf("drop without --yes: %v", r)
+	}
+	// On a terminal, anything but "yes" changes nothing.
+	defer func() { stdin = os.Stdin; stdinIsTerminal = func() bool { return false } }()
+	stdinIsTerminal = func() bool { return true }
+	stdin = strings.NewReader("no\n")
+	if r := cli(t, "drop", "--dsn", path); r.code != 1 || !strings.Contains(r.stderr, "Type yes") || !strings.Contains(r.stderr, "nothing was changed") {
+		t.Fatalf("drop answered no: %v", r)
+	}
+	if len(leftInSQLite(t, path)) == 0 {
+		t.Fatal("drop answered no dropped the tables")
+	}
+	stdin = strings.NewReader("yes\n")
+	r = cli(t, "drop", "--dsn", path)
+	if r.code != 0 || !regexp.MustCompile(`(?m)^(OK   0000\d_\S+\.sql \(.+\)\n)*OK   00001_lock_tables\.sql \(.+\)\nuninstalled in .*: reverted \d+ migrations and dropped "sqlease_db_version" \(prefix sqlease_`).MatchString(r.stdout) {
+		t.Fatalf("drop answered yes: %v", r)
+	}
+	stdinIsTerminal = func() bool { return false }
+	if left := leftInSQLite(t, path); len(left) != 0 {
+		t.Fatalf("drop left %v", left)
+	}
+	// Dropping again needs no confirmation: nothing is applied.
+	var dj dropJSON
+	if raw := jsonObject(t, &dj, "drop", "--dsn", path, "--json"); len(dj.Reverted) != 0 || raw["dropped"] == nil {
+		t.Errorf("second drop --json: %+v", dj)
+	}
+	// A fresh install works, and the old lease is gone.
+	migratedAgain := cli(t, "migrate", "--dsn", path)
+	if migratedAgain.code != 0 || !strings.Contains(migratedAgain.stdout, "OK   00001_") {
+		t.Fatalf("migrate after drop: %v", migratedAgain)
+	}
+	if hs := statusJSON(t, "--dsn", path); len(hs) != 0 {
+		t.Errorf("leases survived drop: %+v", hs)
+	}
+	if _, err := locker(t, path).TryAcquire(t.Context(), "held", lock.Exclusive); err != nil {
+		t.Errorf("acquire after drop and migrate: %v", err)
+	}
+
+	// migrate down reverts, keeping the version table at 0.
+	r = cli(t, "migrate", "down", "--dsn", path, "--yes")
+	if r.code != 0 || !strings.Contains(r.stdout, "OK   00001_lock_tables.sql") || !strings.Contains(r.stdout, "now at version 0") {
+		t.Fatalf("migrate down --yes: %v", r)
+	}
+	if left := leftInSQLite(t, path); fmt.Sprint(left) != "[sqlease_db_version]" {
+		t.Errorf("after migrate down, left %v; want only the version table", left)
+	}
+	if r := cli(t, "migrate", "down", "--dsn", path); r.code != 0 || !strings.Contains(r.stdout, "nothing to revert") {
+		t.Errorf("migrate down with nothing applied (no --yes needed): %v", r)
+	}
+	var dj2 dropJSON
+	jsonObject(t, &dj2, "drop", "--dsn", path, "--json", "--yes")
+	if left := leftInSQLite(t, path); len(left) != 0 {
+		t.Errorf("drop after down left %v", left)
+	}
+}
+
+// testDropServer: drop on a server schema leaves nothing of the namespace
+// (leftovers lists what is left), and a fresh migrate works.
+func testDropServer(t *testing.T, dsn, schema string, leftovers func() []string) {
+	r := cli(t, "migrate", "--dsn", dsn, "--schema", schema)
+	if r.code != 0 {
+		t.Fatalf("migrate: %v", r)
+	}
+	if len(leftovers()) == 0 {
+		t.Fatal("migrate made nothing in the schema")
+	}
+	if r := cli(t, "drop", "--dsn", dsn, "--schema", schema); r.code != 2 || !strings.Contains(r.stderr, "schema "+schema) {
+		t.Fatalf("drop without --yes: %v", r)
+	}
+	var dj dropJSON
+	jsonObject(t, &dj, "drop", "--dsn", dsn, "--schema", schema, "--yes", "--json")
+	if len(dj.Reverted) == 0 || len(dj.Dropped) != 2 {
+		t.Errorf("drop --json: want migrations reverted and 2 tables dropped, got %+v", dj)
+	}
+	if left := leftovers(); len(left) != 0 {
+		t.Fatalf("drop left %v in schema %s", left, schema)
+	}
+	if r := cli(t, "migrate", "--dsn", dsn, "--schema", schema); r.code != 0 || !strings.Contains(r.stdout, "OK   00001_") {
+		t.Fatalf("migrate after drop: %v", r)
+	}
+	if r := cli(t, "status", "--dsn", dsn, "--schema", schema); r.code != 0 {
+		t.Fatalf("status after drop and migrate: %v", r)
+	}
+	if r := cli(t, "drop", "--dsn", dsn, "--schema", schema, "--yes"); r.code != 0 || !strings.Contains(r.stdout, "schema "+schema+" is kept") {
+		t.Fatalf("second drop: %v", r)
+	}
+	if left := leftovers(); len(left) != 0 {
+		t.Fatalf("second drop left %v", left)
+	}
+}
+
+func TestDropPostgres(t *testing.T) {
+	dsn := conftest.PostgresDSN(t)
+	schema := fmt.Sprintf("sqlease_cli_drop_%d", time.Now().UnixNano()%1e9)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.ExecContext(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+		db.Close()
+	})
+	testDropServer(t, dsn, schema, func() []string {
+		rows, err := db.QueryContext(t.Context(), `SELECT relname::text FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = $1
+			UNION ALL SELECT proname::text FROM pg_proc p JOIN pg_namespace s ON s.oid = p.pronamespace WHERE s.nspname = $1`, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var n string
+			rows.Scan(&n)
+			out = append(out, n)
+		}
+		return out
+	})
+}
+
+func TestDropMySQL(t *testing.T) {
+	dsn := conftest.MySQLDSN(t)
+	schema := fmt.Sprintf("sqlease_cli_drop_%d", time.Now().UnixNano()%1e9)
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+schema)
+		db.Close()
+	})
+	testDropServer(t, dsn, schema, func() []string {
+		rows, err := db.QueryContext(t.Context(), `SELECT table_name FROM information_schema.tables WHERE table_schema = ?
+			UNION ALL SELECT routine_name FROM information_schema.routines WHERE routine_schema = ?`, schema, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var n string
+			rows.Scan(&n)
+			out = append(out, n)
+		}
+		return out
+	})
+}
+
+// TestBadInputPostgres: bad input on PostgreSQL exits 2 with a clear
+// message, never a raw server error.
+func TestBadInputPostgres(t *testing.T) {
+	dsn := conftest.PostgresDSN(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--dsn", dsn, "--key", "\xff\xfe"}, "not valid UTF-8"},
+		{[]string{"status", "--dsn", dsn, "--schema", "pg_catalog"}, "is reserved for the database's own catalogs"},
+		{[]string{"migrate", "--dsn", dsn, "--schema", "pg_toast"}, "reserved"},
+		{[]string{"drop", "--dsn", dsn, "--schema", "information_schema", "--yes"}, "information_schema"},
+	} {
+		r := cli(t, tc.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, "SQLSTATE") {
+			t.Errorf("%q: want exit 2 with %q, got %v", tc.args, tc.want, r)
 		}
 	}
 }

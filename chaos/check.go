@@ -1,0 +1,421 @@
+package chaos
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Rules the history checker enforces, as they appear in Violation.Rule.
+const (
+	RuleS1       = "S1"          // two conflicting leases of a key live at once, in database time
+	RuleS3       = "S3"          // a token reused, or not increasing in grant order, per key
+	RuleFenced   = "F1"          // a fenced write committed with a superseded token
+	RuleAcked    = "acked-write" // an acknowledged write is missing from the ledger
+	RuleLoss     = "loss-signal" // no loss signal after a stop that outlived the TTL
+	RuleLiveness = "liveness"    // a key not acquired within TTL plus one backoff step after the faults
+	RuleForget   = "H8"          // a Locker refused a key it had released (ErrReentrant)
+	RuleDeadline = "H9"          // a blocking acquire overran its WaitTimeout by more than 500 ms (plus a grace), or gave up early on a transient error
+)
+
+// deadlineGrace is added to H9's 500 ms for a loaded machine.
+const deadlineGrace = time.Second
+
+// Violation is one broken rule found in a run's history.
+type Violation struct {
+	Rule   string
+	Key    string
+	Detail string
+}
+
+// String formats the violation as "RULE key "KEY": DETAIL".
+func (v Violation) String() string { return fmt.Sprintf("%s key %q: %s", v.Rule, v.Key, v.Detail) }
+
+// stopFault is one SIGSTOP of a worker, in local wall time (Unix ns).
+type stopFault struct {
+	Worker     string
+	Start, End int64
+}
+
+// history is everything a run recorded.
+type history struct {
+	events []event
+	ledger []ledgerRow
+	stops  []stopFault
+	// kills lists when each worker was killed (Unix ns): a worker killed
+	// within lossSignalGrace of the end of its stop had no time to log
+	// the loss it noticed on resuming.
+	kills map[string][]int64
+	// probers are the workers that were asked for a liveness probe, with
+	// whether they answered; keys and lockers say what each must probe.
+	probers map[string]bool
+	keys    []string
+	lockers int
+}
+
+// leaseInfo is what the history says about one grant.
+type leaseInfo struct {
+	id, key, worker, mode string
+	inc                   int
+	token                 int64
+	ttl                   time.Duration
+	grantT                int64 // local ns
+	grantUS, expiryUS     int64 // database µs; expiry: latest seen
+	lastWriteUS           int64 // latest ledger row of this lease
+	ended                 bool  // released, releasing or reported lost
+	evs                   []event
+}
+
+// liveUntil is a lower bound, in database µs, on when the lease's row
+// stopped being live: a row lives until its expiry unless its holder
+// deletes it, and every committed fenced write proves it live.
+func (l *leaseInfo) liveUntil() int64 {
+	if l.ended {
+		return max(l.grantUS, l.lastWriteUS)
+	}
+	return max(l.expiryUS, l.lastWriteUS)
+}
+
+func isLossSignal(e event) bool {
+	switch e.Ev {
+	case evLost, evWriteLost, evWindowEnded:
+		return true
+	case evReleased:
+		return e.Class == "not_held" || e.Class == "lost"
+	}
+	return false
+}
+
+// checkResult is the checker's verdict and figures.
+type checkResult struct {
+	Grants, Writes, Acked, StopsChecked, Probes int
+	Violations                                  []Violation
+	ViolationsByRule                            map[string]int
+	Stuck                                       []string
+}
+
+const maxDetails = 25
+
+func (r *checkResult) add(v Violation) {
+	if r.ViolationsByRule == nil {
+		r.ViolationsByRule = map[string]int{}
+	}
+	r.ViolationsByRule[v.Rule]++
+	if r.ViolationsByRule[v.Rule] <= maxDetails {
+		r.Violations = append(r.Violations, v)
+	}
+}
+
+// count is the total number of violations (details are capped per rule).
+func (r *checkResult) count() int {
+	n := 0
+	for _, c := range r.ViolationsByRule {
+		n += c
+	}
+	return n
+}
+
+func conflicts(a, b string) bool { return a == "x" || b == "x" }
+
+// check verifies a run's history: S1, S3, fenced writes, acknowledged
+// writes, loss signals after long stops and liveness after the faults.
+func check(h history) checkResult {
+	var r checkResult
+	leases := map[string]*leaseInfo{}
+	var order []*leaseInfo
+	for _, e := range h.events {
+		if (e.Ev == evGrant || (e.Ev == evProbe && e.Lease != "")) && leases[e.Lease] == nil {
+			l := &leaseInfo{id: e.Lease, key: e.Key, worker: e.Worker, inc: e.Inc, mode: e.Mode, token: e.Token,
+				ttl: time.Duration(e.TTLMS) * time.Millisecond, grantT: e.T, grantUS: e.Granted, expiryUS: e.Expiry}
+			leases[e.Lease] = l
+			order = append(order, l)
+			continue
+		}
+		l := leases[e.Lease]
+		if e.Lease == "" || l == nil {
+			continue
+		}
+		l.evs = append(l.evs, e)
+		switch e.Ev {
+		case evRenewed:
+			l.expiryUS = max(l.expiryUS, e.Expiry)
+		case evReleasing, evReleased, evLost, evWriteLost, evWindowEnded:
+			l.ended = true
+		}
+	}
+	r.Grants = len(order)
+	r.Writes = len(h.ledger)
+	for _, w := range h.ledger {
+		if l := leases[w.Lease]; l != nil {
+			l.lastWriteUS = max(l.lastWriteUS, w.AtUS)
+		}
+	}
+
+	byKey := map[string][]*leaseInfo{}
+	for _, l := range order {
+		byKey[l.key] = append(byKey[l.key], l)
+	}
+	for key, ls := range byKey {
+		sort.SliceStable(ls, func(i, j int) bool { return ls[i].token < ls[j].token })
+		// S3: one lease per token.
+		for i := 1; i < len(ls); i++ {
+			if ls[i].token == ls[i-1].token {
+				r.add(Violation{RuleS3, key, fmt.Sprintf("token %d granted twice: lease %s (%s) and lease %s (%s)",
+					ls[i].token, ls[i-1].id, ls[i-1].worker, ls[i].id, ls[i].worker)})
+			}
+		}
+		// S1 and S3 order: walking in token order, a lease must be granted
+		// after every earlier conflicting lease stopped being live, and
+		// not before an earlier conflicting lease was granted.
+		var maxAll, maxX *leaseInfo // by liveUntil
+		var grantAll, grantX *leaseInfo
+		for _, b := range ls {
+			prev, prevGrant := maxX, grantX
+			if b.mode == "x" {
+				prev, prevGrant = maxAll, grantAll
+			}
+			// (A lease granted before prev is a token-order problem,
+			// reported below as S3.)
+			if prev != nil && prev.token < b.token && prev.grantUS <= b.grantUS && b.grantUS < prev.liveUntil() {
+				r.add(Violation{RuleS1, key, fmt.Sprintf("%s lease %s (token %d, %s) granted at %s while %s lease %s (token %d, %s) was live until at least %s",
+					b.mode, b.id, b.token, b.worker, fmtUS(b.grantUS), prev.mode, prev.id, prev.token, prev.worker, fmtUS(prev.liveUntil()))})
+			}
+			if prevGrant != nil && prevGrant.token < b.token && b.grantUS < prevGrant.grantUS {
+				r.add(Violation{RuleS3, key, fmt.Sprintf("token %d (lease %s) granted at %s, before token %d (lease %s) at %s",
+					b.token, b.id, fmtUS(b.grantUS), prevGrant.token, prevGrant.id, fmtUS(prevGrant.grantUS))})
+			}
+			if maxAll == nil || b.liveUntil() > maxAll.liveUntil() {
+				maxAll = b
+			}
+			if grantAll == nil || b.grantUS > grantAll.grantUS {
+				grantAll = b
+			}
+			if b.mode == "x" {
+				if maxX == nil || b.liveUntil() > maxX.liveUntil() {
+					maxX = b
+				}
+				if grantX == nil || b.grantUS > grantX.grantUS {
+					grantX = b
+				}
+			}
+		}
+	}
+
+	// Fenced writes: no conflicting lease with a greater token may have
+	// been granted before a write's database time, and in commit order a
+	// write never follows a conflicting write with a greater token.
+	ledgerByKey := map[string][]ledgerRow{}
+	written := map[string]bool{}
+	for _, w := range h.ledger {
+		ledgerByKey[w.Key] = append(ledgerByKey[w.Key], w)
+		written[w.WriteID] = true
+	}
+	for key, ws := range ledgerByKey {
+		ls := byKey[key] // sorted by token
+		sufAll := make([]*leaseInfo, len(ls)+1)
+		sufX := make([]*leaseInfo, len(ls)+1)
+		for i := len(ls) - 1; i >= 0; i-- {
+			sufAll[i], sufX[i] = sufAll[i+1], sufX[i+1]
+			if sufAll[i] == nil || ls[i].grantUS < sufAll[i].grantUS {
+				sufAll[i] = ls[i]
+			}
+			if ls[i].mode == "x" && (sufX[i] == nil || ls[i].grantUS < sufX[i].grantUS) {
+				sufX[i] = ls[i]
+			}
+		}
+		for _, w := range ws {
+			i := sort.Search(len(ls), func(i int) bool { return ls[i].token > w.Token })
+			succ := sufX[i]
+			if w.Mode == "x" {
+				succ = sufAll[i]
+			}
+			if succ != nil && succ.grantUS < w.AtUS {
+				r.add(Violation{RuleFenced, key, fmt.Sprintf("write %s (token %d, %s) committed at %s, after %s lease %s (token %d, %s) was granted at %s",
+					w.WriteID, w.Token, w.Worker, fmtUS(w.AtUS), succ.mode, succ.id, succ.token, succ.worker, fmtUS(succ.grantUS))})
+			}
+		}
+		sort.Slice(ws, func(i, j int) bool { return ws[i].N < ws[j].N })
+		var topAll, topX *ledgerRow
+		for i := range ws {
+			w := &ws[i]
+			prev := topX
+			if w.Mode == "x" {
+				prev = topAll
+			}
+			if prev != nil && prev.Token > w.Token {
+				r.add(Violation{RuleFenced, key, fmt.Sprintf("write %s (token %d, %s) committed after write %s with token %d (%s)",
+					w.WriteID, w.Token, w.Worker, prev.WriteID, prev.Token, prev.Worker)})
+			}
+			if topAll == nil || w.Token > topAll.Token {
+				topAll = w
+			}
+			if w.Mode == "x" && (topX == nil || w.Token > topX.Token) {
+				topX = w
+			}
+		}
+	}
+
+	// A worker acquires a key only after releasing its previous lease of
+	// it, so ErrReentrant right after a release means the Locker did not
+	// forget the released key. (After an abandoned acquire the engine may
+	// still be undoing it; the liveness probe bounds that.)
+	last := map[string]string{} // worker.inc/locker/key → last grant, release or acquire error
+	for _, e := range h.events {
+		if e.Key == "" || (e.Ev != evGrant && e.Ev != evReleased && e.Ev != evAcquireErr) || e.Phantom {
+			continue
+		}
+		id := fmt.Sprintf("%s.%d/%d/%s", e.Worker, e.Inc, e.Locker, e.Key)
+		prev := last[id]
+		if e.Ev == evAcquireErr && e.Class == "reentrant" {
+			if prev == evReleased || prev == "reentrant" {
+				r.add(Violation{RuleForget, e.Key, fmt.Sprintf("%s.%d locker %d: %s acquire refused after a release: %s", e.Worker, e.Inc, e.Locker, e.Mode, e.Err)})
+				last[id] = "reentrant"
+			}
+			continue
+		}
+		last[id] = e.Ev
+	}
+
+	// H9: a blocking acquire returns within its WaitTimeout plus 500 ms,
+	// unless its worker was stopped meanwhile.
+	stopsOf := map[string][]stopFault{}
+	for _, st := range h.stops {
+		stopsOf[st.Worker] = append(stopsOf[st.Worker], st)
+	}
+	// Every database error the faults cause is transient, so a blocking
+	// acquire that returns one before its WaitTimeout gave up instead of
+	// retrying (H9: connection failures are retryable while waiting).
+	bound := acquireWait + 500*time.Millisecond + deadlineGrace
+	for _, e := range h.events {
+		wait := time.Duration(e.WaitMS) * time.Millisecond
+		if e.Ev == evAcquireErr && e.Class == "error" && wait < acquireWait-200*time.Millisecond {
+			r.add(Violation{RuleDeadline, e.Key, fmt.Sprintf("%s.%d locker %d: %s acquire with WaitTimeout %v gave up after %dms on a transient error: %s",
+				e.Worker, e.Inc, e.Locker, e.Mode, acquireWait, e.WaitMS, e.Err)})
+			continue
+		}
+		if (e.Ev != evAcquireErr && e.Ev != evGrant) || e.Phantom || wait <= bound {
+			continue
+		}
+		from := e.T - e.WaitMS*int64(time.Millisecond)
+		stopped := false
+		for _, st := range stopsOf[e.Worker] {
+			stopped = stopped || (st.Start <= e.T && st.End >= from)
+		}
+		if !stopped {
+			what := "granted"
+			if e.Ev == evAcquireErr {
+				what = "returned " + e.Class
+			}
+			r.add(Violation{RuleDeadline, e.Key, fmt.Sprintf("%s.%d locker %d: %s acquire with WaitTimeout %v %s after %dms: %s",
+				e.Worker, e.Inc, e.Locker, e.Mode, acquireWait, what, e.WaitMS, e.Err)})
+		}
+	}
+
+	// Acknowledged writes are in the ledger.
+	for _, e := range h.events {
+		if e.Ev != evAck {
+			continue
+		}
+		r.Acked++
+		if !written[e.WriteID] {
+			r.add(Violation{RuleAcked, e.Key, fmt.Sprintf("write %s (token %d, %s) was acknowledged but is not in the ledger", e.WriteID, e.Token, e.Worker)})
+		}
+	}
+
+	// A stop that outlived a held lease's TTL is followed by a loss signal
+	// for that lease (unless its worker was killed before it logged
+	// anything more about it).
+	for _, s := range h.stops {
+		for _, l := range order {
+			if l.worker != s.Worker || l.grantT >= s.Start || time.Duration(s.End-s.Start) <= l.ttl {
+				continue
+			}
+			open := true
+			var post []event
+			for _, e := range l.evs {
+				if e.T < s.Start {
+					if e.Ev == evReleasing || isLossSignal(e) {
+						open = false
+					}
+					continue
+				}
+				post = append(post, e)
+			}
+			if !open || len(post) == 0 || h.killedWithin(s.Worker, s.End, lossSignalGrace) {
+				continue // ended before the stop, or its worker was killed
+			}
+			r.StopsChecked++
+			signalled := false
+			for _, e := range post {
+				if isLossSignal(e) {
+					signalled = true
+					break
+				}
+			}
+			if !signalled {
+				r.add(Violation{RuleLoss, l.key, fmt.Sprintf("%s was stopped for %v holding lease %s (token %d, TTL %v) and saw no loss signal afterwards (next: %s %s)",
+					s.Worker, time.Duration(s.End-s.Start).Round(time.Millisecond), l.id, l.token, l.ttl, post[0].Ev, post[0].Class)})
+			}
+		}
+	}
+
+	// Liveness: every prober acquired every key with every Locker.
+	probed := map[string]event{}
+	for _, e := range h.events {
+		if e.Ev == evProbe {
+			probed[fmt.Sprintf("%s/%d/%s", e.Worker, e.Locker, e.Key)] = e
+			r.Probes++
+		}
+	}
+	var workers []string
+	for w := range h.probers {
+		workers = append(workers, w)
+	}
+	sort.Strings(workers)
+	for _, w := range workers {
+		if !h.probers[w] {
+			r.Stuck = append(r.Stuck, fmt.Sprintf("%s: did not finish its liveness probe", w))
+			r.add(Violation{RuleLiveness, "", fmt.Sprintf("%s did not finish its liveness probe", w)})
+			continue
+		}
+		for li := 0; li < h.lockers; li++ {
+			for _, k := range h.keys {
+				e, ok := probed[fmt.Sprintf("%s/%d/%s", w, li, k)]
+				var why string
+				switch {
+				case !ok:
+					why = "no probe recorded"
+				case !e.OK && e.Class == "ok":
+					why = fmt.Sprintf("granted after %dms, beyond the longest TTL plus one backoff step", e.WaitMS)
+				case !e.OK:
+					why = fmt.Sprintf("%s after %dms: %s", e.Class, e.WaitMS, e.Err)
+				default:
+					continue
+				}
+				r.Stuck = append(r.Stuck, fmt.Sprintf("%s locker %d key %q: %s", w, li, k, why))
+				r.add(Violation{RuleLiveness, k, fmt.Sprintf("%s locker %d: %s", w, li, why)})
+			}
+		}
+	}
+	return r
+}
+
+func fmtUS(us int64) string {
+	return time.UnixMicro(us).UTC().Format("15:04:05.000000")
+}
+
+// lossSignalGrace is how long a resumed worker is given to log the loss of
+// a lease its stop outlived before a kill excuses it from the loss-signal
+// check (the watchdog fires at once on resuming; logging it under the race
+// detector on a loaded machine has taken a few hundred milliseconds).
+const lossSignalGrace = time.Second
+
+// killedWithin reports whether worker was killed in [from, from+grace].
+func (h *history) killedWithin(worker string, from int64, grace time.Duration) bool {
+	for _, t := range h.kills[worker] {
+		if t >= from && t <= from+int64(grace) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,296 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// hb builds synthetic histories for the checker's tests. Database and
+// local times are both in milliseconds from an arbitrary origin.
+type hb struct {
+	h    history
+	keys map[string]string // lease → key
+}
+
+const origin = int64(1_700_000_000_000) // ms
+
+func us(ms int64) int64 { return (origin + ms) * 1000 }
+func ns(ms int64) int64 { return (origin + ms) * 1_000_000 }
+
+func (b *hb) ev(e event, atMS int64) {
+	e.T = ns(atMS)
+	if e.Worker == "" {
+		e.Worker = "w0"
+	}
+	b.h.events = append(b.h.events, e)
+}
+
+// grant logs a grant of lease id at ms (local and database time alike)
+// with the given TTL.
+func (b *hb) grant(worker, id, key, mode string, token, atMS, ttlMS int64) {
+	if b.keys == nil {
+		b.keys = map[string]string{}
+	}
+	b.keys[id] = key
+	b.ev(event{Ev: evGrant, Worker: worker, Lease: id, Key: key, Mode: mode, Token: token, TTLMS: ttlMS,
+		Granted: us(atMS), Expiry: us(atMS + ttlMS)}, atMS)
+}
+
+func (b *hb) release(worker, id string, atMS int64, class string) {
+	b.ev(event{Ev: evReleasing, Worker: worker, Lease: id, Key: b.keys[id]}, atMS)
+	b.ev(event{Ev: evReleased, Worker: worker, Lease: id, Key: b.keys[id], Class: class}, atMS+1)
+}
+
+func (b *hb) write(worker, id, key, mode string, token, n, atMS int64, acked bool) {
+	wid := id + "/" + time.Duration(n).String()
+	b.h.ledger = append(b.h.ledger, ledgerRow{WriteID: wid, Key: key, Token: token, Lease: id, Worker: worker, Mode: mode, N: n, AtUS: us(atMS)})
+	if acked {
+		b.ev(event{Ev: evAck, Worker: worker, Lease: id, Key: key, Token: token, WriteID: wid, N: n, At: us(atMS)}, atMS+1)
+	}
+}
+
+func rules(r checkResult) string {
+	var s []string
+	for _, v := range r.Violations {
+		s = append(s, v.String())
+	}
+	return strings.Join(s, "\n")
+}
+
+// clean is a legal history: exclusive, then two overlapping shared leases,
+// then an exclusive takeover after the holder's expiry.
+func clean() *hb {
+	b := &hb{}
+	b.grant("w0", "a", "k", "x", 1, 0, 1000)
+	b.write("w0", "a", "k", "x", 1, 1, 100, true)
+	b.release("w0", "a", 200, "ok")
+	b.grant("w1", "b", "k", "s", 2, 300, 1000)
+	b.grant("w2", "c", "k", "s", 3, 310, 1000)
+	b.write("w1", "b", "k", "s", 2, 2, 400, true)
+	b.write("w2", "c", "k", "s", 3, 3, 410, true)
+	b.release("w1", "b", 500, "ok")
+	// c's worker dies holding it: d is granted after c's expiry.
+	b.grant("w3", "d", "k", "x", 4, 1400, 1000)
+	b.write("w3", "d", "k", "x", 4, 4, 1500, true)
+	b.release("w3", "d", 1600, "ok")
+	return b
+}
+
+func TestCheckCleanHistory(t *testing.T) {
+	r := check(clean().h)
+	if r.count() != 0 {
+		t.Fatalf("clean history: %d violations:\n%s", r.count(), rules(r))
+	}
+	if r.Grants != 4 || r.Writes != 4 || r.Acked != 4 {
+		t.Errorf("figures: grants %d writes %d acked %d, want 4 4 4", r.Grants, r.Writes, r.Acked)
+	}
+}
+
+// TestCheckCatches builds one broken history per rule and checks that the
+// checker reports that rule (and no other, unless the break implies it).
+func TestCheckCatches(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rule  string
+		also  string // a rule the same break may also break
+		build func(b *hb)
+	}{
+		{"exclusive granted while another is live", RuleS1, "", func(b *hb) {
+			b.grant("w0", "a", "k", "x", 1, 0, 1000) // its worker dies: live until 1000
+			b.grant("w1", "b", "k", "x", 2, 500, 1000)
+		}},
+		{"shared granted under a live exclusive", RuleS1, "", func(b *hb) {
+			b.grant("w0", "a", "k", "x", 1, 0, 1000)
+			b.grant("w1", "b", "k", "s", 2, 999, 1000)
+		}},
+		{"exclusive granted while a fenced write proves a shared lease live", RuleS1, RuleFenced, func(b *hb) {
+			b.grant("w0", "a", "k", "s", 1, 0, 1000)
+			b.write("w0", "a", "k", "s", 1, 1, 700, false)
+			b.release("w0", "a", 800, "ok")
+			b.grant("w1", "b", "k", "x", 2, 600, 1000)
+		}},
+		{"token granted twice", RuleS3, "", func(b *hb) {
+			b.grant("w0", "a", "k", "x", 1, 0, 1000)
+			b.release("w0", "a", 100, "ok")
+			b.grant("w1", "b", "k", "x", 1, 200, 1000)
+		}},
+		{"token out of grant order", RuleS3, RuleS1, func(b *hb) {
+			b.grant("w0", "a", "k", "x", 1, 500, 1000)
+			b.release("w0", "a", 600, "ok")
+			b.grant("w1", "b", "k", "x", 2, 100, 1000)
+			b.release("w1", "b", 200, "ok")
+		}},
+		{"write committed after a conflicting successor's write", RuleFenced, "", func(b *hb) {
+			b.grant("w0", "a", "k", "x", 1, 0, 1000)
+			b.write("w0", "a", "k", "x", 1, 2, 100, true)
+			b.release("w0", "a", 200, "ok")
+			b.grant("w1", "b", "k", "x", 2, 400, 1000)
+			b.write("w1", "b", "k", "x", 2, 1, 500, true)
+			b.release("w1", "b", 600, "ok")
+		}},
+		{"write committed after a successor was granted", RuleFenced, RuleS1, func(b *hb) {
+			b.grant("w0", "a", "k", "x", 1, 0, 300)
+			b.grant("w1", "b", "k", "x", 2, 400, 1000)
+			b.write("w0", "a", "k", "x", 1, 1, 450, true)
+		}},
+		{"acknowledged write missing", RuleAcked, "", func(b *hb) {
+			b.grant("w0", "a", "k", "x", 1, 0, 1000)
+			b.ev(event{Ev: evAck, Worker: "w0", Lease: "a", Key: "k", Token: 1, WriteID: "gone"}, 450)
+		}},
+		{"no loss signal after a long stop", RuleLoss, "", func(b *hb) {
+			b.grant("w5", "f", "k2", "x", 1, 0, 500)
+			b.h.stops = append(b.h.stops, stopFault{Worker: "w5", Start: ns(100), End: ns(900)})
+			b.release("w5", "f", 950, "ok")
+		}},
+		{"released key refused as reentrant", RuleForget, "", func(b *hb) {
+			b.grant("w0", "a", "k", "x", 1, 0, 1000)
+			b.release("w0", "a", 100, "error")
+			b.ev(event{Ev: evAcquireErr, Worker: "w0", Key: "k", Mode: "x", Class: "reentrant", Err: "lock: key already held by this locker"}, 200)
+			b.ev(event{Ev: evAcquireErr, Worker: "w0", Key: "k", Mode: "x", Class: "reentrant", Err: "lock: key already held by this locker"}, 300)
+		}},
+		{"acquire overran its wait timeout", RuleDeadline, "", func(b *hb) {
+			b.ev(event{Ev: evAcquireErr, Worker: "w0", Key: "k", Mode: "x", Class: "locked", WaitMS: 20000}, 30000)
+		}},
+		{"acquire gave up early on a transient error", RuleDeadline, "", func(b *hb) {
+			b.ev(event{Ev: evAcquireErr, Worker: "w0", Key: "k", Mode: "x", Class: "error", WaitMS: 8, Err: "unexpected EOF"}, 30000)
+		}},
+		{"stuck key", RuleLiveness, "", func(b *hb) {
+			b.h.probers = map[string]bool{"w0": true}
+			b.h.keys, b.h.lockers = []string{"k"}, 1
+			b.ev(event{Ev: evProbe, Worker: "w0", Key: "k", Class: "reentrant", Err: "lock: key already held by this locker"}, 3000)
+		}},
+		{"probe too slow", RuleLiveness, "", func(b *hb) {
+			b.h.probers = map[string]bool{"w0": true}
+			b.h.keys, b.h.lockers = []string{"k"}, 1
+			b.ev(event{Ev: evProbe, Worker: "w0", Key: "k", Class: "ok", WaitMS: 5000, TTLMS: 1000, Lease: "p", Token: 9, Mode: "x", Granted: us(3000), Expiry: us(4000)}, 3000)
+			b.release("w0", "p", 3010, "ok")
+		}},
+		{"worker never finished its probe", RuleLiveness, "", func(b *hb) {
+			b.h.probers = map[string]bool{"w0": false}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &hb{}
+			tc.build(b)
+			r := check(b.h)
+			if r.ViolationsByRule[tc.rule] == 0 {
+				t.Fatalf("want a %s violation, got:\n%s", tc.rule, rules(r))
+			}
+			for rule := range r.ViolationsByRule {
+				if rule != tc.rule && rule != tc.also {
+					t.Errorf("unexpected %s violation:\n%s", rule, rules(r))
+				}
+			}
+		})
+	}
+}
+
+// TestCheckLossSignal: a long stop followed by a loss signal, a short stop
+// and a stop of a worker killed afterwards are all fine.
+func TestCheckLossSignal(t *testing.T) {
+	b := clean()
+	b.grant("w5", "f", "k2", "x", 1, 0, 500)
+	b.h.stops = append(b.h.stops, stopFault{Worker: "w5", Start: ns(100), End: ns(900)})
+	b.ev(event{Ev: evWriteLost, Worker: "w5", Lease: "f"}, 950)
+	b.release("w5", "f", 960, "not_held")
+	b.grant("w6", "g", "k3", "x", 1, 0, 500)
+	b.h.stops = append(b.h.stops, stopFault{Worker: "w6", Start: ns(100), End: ns(300)})
+	b.release("w6", "g", 350, "ok")
+	b.grant("w7", "h", "k4", "x", 1, 0, 500)
+	b.h.stops = append(b.h.stops, stopFault{Worker: "w7", Start: ns(100), End: ns(900)})
+	// Killed 300 ms after resuming, having logged only a renewal sent
+	// before the stop: no time to log the loss (seen in a CI run).
+	b.grant("w8", "i", "k5", "x", 1, 0, 500)
+	b.h.stops = append(b.h.stops, stopFault{Worker: "w8", Start: ns(100), End: ns(900)})
+	b.ev(event{Ev: evRenewed, Worker: "w8", Lease: "i", Key: "k5"}, 905)
+	b.h.kills = map[string][]int64{"w8": {ns(1200)}}
+	r := check(b.h)
+	if r.count() != 0 {
+		t.Fatalf("violations:\n%s", rules(r))
+	}
+	if r.StopsChecked != 1 {
+		t.Errorf("stops checked %d, want 1", r.StopsChecked)
+	}
+	// Killed long after resuming: the missing signal is a violation.
+	b.h.kills = map[string][]int64{"w8": {ns(900) + int64(3*lossSignalGrace)}}
+	if r := check(b.h); r.count() != 1 {
+		t.Errorf("a worker killed long after its stop ended without a loss signal: %d violations, want 1:\n%s", r.count(), rules(r))
+	}
+}
+
+// TestCheckKilledHolder: a killed holder's lease is live until its last
+// known expiry, also after a renewal was seen.
+// TestCheckReentrantAfterAbandonedAcquire: ErrReentrant right after an
+// acquire that gave up is not an H8 violation (the engine may still be
+// undoing it); after a release it is.
+func TestCheckReentrantAfterAbandonedAcquire(t *testing.T) {
+	b := &hb{}
+	b.grant("w0", "a", "k", "x", 1, 0, 1000)
+	b.release("w0", "a", 100, "ok")
+	b.ev(event{Ev: evAcquireErr, Worker: "w0", Key: "k", Mode: "x", Class: "context"}, 200)
+	b.ev(event{Ev: evAcquireErr, Worker: "w0", Key: "k", Mode: "x", Class: "reentrant"}, 300)
+	if r := check(b.h); r.count() != 0 {
+		t.Fatalf("violations:\n%s", rules(r))
+	}
+}
+
+// TestCheckDeadlineStopped: an acquire that overran while its worker was
+// stopped is not an H9 violation.
+func TestCheckDeadlineStopped(t *testing.T) {
+	b := &hb{}
+	b.ev(event{Ev: evAcquireErr, Worker: "w0", Key: "k", Mode: "x", Class: "locked", WaitMS: 6000}, 10000)
+	b.h.stops = append(b.h.stops, stopFault{Worker: "w0", Start: ns(5000), End: ns(8000)})
+	if r := check(b.h); r.count() != 0 {
+		t.Fatalf("violations:\n%s", rules(r))
+	}
+}
+
+func TestCheckKilledHolder(t *testing.T) {
+	b := &hb{}
+	b.grant("w0", "a", "k", "x", 1, 0, 1000)
+	b.ev(event{Ev: evRenewed, Worker: "w0", Lease: "a", Expiry: us(1600)}, 600)
+	b.grant("w1", "b", "k", "x", 2, 1300, 1000)
+	r := check(b.h)
+	if r.ViolationsByRule[RuleS1] != 1 {
+		t.Fatalf("want one S1 violation (granted at 1300 under an expiry renewed to 1600), got:\n%s", rules(r))
+	}
+	b = &hb{}
+	b.grant("w0", "a", "k", "x", 1, 0, 1000)
+	b.ev(event{Ev: evRenewed, Worker: "w0", Lease: "a", Expiry: us(1600)}, 600)
+	b.grant("w1", "b", "k", "x", 2, 1600, 1000)
+	if r := check(b.h); r.count() != 0 {
+		t.Fatalf("granted at the expiry: violations:\n%s", rules(r))
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []Config{
+		{Dialect: "oracle"},
+		{Dialect: "sqlite", Duration: time.Second},
+		{Dialect: "sqlite", Workers: 1},
+		{Dialect: "sqlite", Faults: []string{"flood"}},
+		{Dialect: "sqlite", Broken: "sometimes"},
+	} {
+		err := c.fill()
+		if err == nil || !strings.Contains(err.Error(), "allowed") {
+			t.Errorf("%+v: want an invalid-config error naming what is allowed, got %v", c, err)
+		}
+	}
+}
+
+func TestHostPort(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"postgres://root@127.0.0.1:5432/test?sslmode=disable": "127.0.0.1:5432",
+		"postgresql://u:p@localhost/db":                       "localhost:5432",
+	} {
+		if got, err := hostPort(dsn); err != nil || got != want {
+			t.Errorf("hostPort(%q) = %q, %v; want %q", dsn, got, err, want)
+		}
+	}
+	for _, dsn := range []string{"postgres://root@db.example.com:5432/test", "host=127.0.0.1 user=root"} {
+		if _, err := hostPort(dsn); err == nil {
+			t.Errorf("hostPort(%q): want an error (only 127.0.0.1 URLs)", dsn)
+		}
+	}
+}

@@ -1,0 +1,216 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+)
+
+// faultWeights is how often each kind is picked, relative to the others.
+var faultWeights = map[string]int{FaultKill: 2, FaultStop: 3, FaultTerminate: 2, FaultLatency: 2, FaultCut: 2, FaultRestart: 1}
+
+// restartEvery is the least time between two restarts of the cluster.
+const restartEvery = 12 * time.Second
+
+// faults injects faults until the fault phase is over.
+func (d *driver) faults(ctx context.Context) {
+	var kinds []string
+	total := 0
+	for _, f := range d.cfg.Faults {
+		if _, skip := d.report.Skipped[f]; !skip {
+			kinds = append(kinds, f)
+			total += faultWeights[f]
+		}
+	}
+	end := time.Now().Add(d.cfg.Duration)
+	lastRestart := time.Now().Add(-restartEvery / 2)
+	for ctx.Err() == nil && time.Now().Before(end) {
+		sleepCtx(ctx, time.Duration(250+d.intN(650))*time.Millisecond)
+		if len(kinds) == 0 || !time.Now().Before(end) {
+			continue
+		}
+		pick := d.intN(total)
+		kind := kinds[0]
+		for _, k := range kinds {
+			if pick < faultWeights[k] {
+				kind = k
+				break
+			}
+			pick -= faultWeights[k]
+		}
+		switch kind {
+		case FaultKill:
+			d.killOne()
+		case FaultStop:
+			d.stopOne()
+		case FaultTerminate:
+			d.terminate(ctx)
+		case FaultLatency:
+			d.spike()
+		case FaultCut:
+			if n := d.px.Cut(); n >= 0 {
+				d.count(FaultCut)
+			}
+		case FaultRestart:
+			if time.Since(lastRestart) >= restartEvery && d.restart.TryLock() {
+				lastRestart = time.Now()
+				immediate := d.intN(2) == 0
+				d.bg.Add(1)
+				go func() {
+					defer d.bg.Done()
+					defer d.restart.Unlock()
+					d.count(FaultRestart)
+					rctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+					defer cancel()
+					if err := d.cluster.Restart(rctx, immediate); err != nil {
+						d.problem("restart: %v (server log: %s)", err, filepath.Join(d.cluster.dir, "server.log"))
+					}
+				}()
+			}
+		}
+	}
+}
+
+// pickProc returns a random live worker that ok accepts, or nil.
+func (d *driver) pickProc(ok func(*proc) bool) *proc {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var cands []*proc
+	for i := 0; i < d.cfg.Workers; i++ {
+		p := d.procs[workerName(i)]
+		select {
+		case <-p.exited:
+			continue
+		default:
+		}
+		if !p.killed && ok(p) {
+			cands = append(cands, p)
+		}
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	return cands[d.intN(len(cands))]
+}
+
+// killOne SIGKILLs a worker and restarts it after 100-500 ms.
+func (d *driver) killOne() {
+	p := d.pickProc(func(*proc) bool { return true })
+	if p == nil {
+		return
+	}
+	d.mu.Lock()
+	p.killed = true
+	if d.kills == nil {
+		d.kills = map[string][]int64{}
+	}
+	d.kills[p.name] = append(d.kills[p.name], time.Now().UnixNano())
+	d.mu.Unlock()
+	if err := p.cmd.Process.Kill(); err != nil {
+		d.problem("kill %s: %v", p.name, err)
+		return
+	}
+	d.record(FaultKill, p.name, 0)
+	delay := time.Duration(100+d.intN(400)) * time.Millisecond
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		<-p.exited
+		select {
+		case <-d.faultCh:
+			return // run restarts it after the fault phase
+		case <-time.After(delay):
+		}
+		np, err := d.spawn(p.name, p.inc+1)
+		if err != nil {
+			d.problem("restart %s: %v", p.name, err)
+			return
+		}
+		d.mu.Lock()
+		d.procs[p.name] = np
+		d.mu.Unlock()
+	}()
+}
+
+// stopOne SIGSTOPs a worker for a short time (below its shortest TTL) or
+// a long one (past its longest TTL, up to twice that), then SIGCONTs it.
+func (d *driver) stopOne() {
+	p := d.pickProc(func(p *proc) bool { return !p.stopped })
+	if p == nil {
+		return
+	}
+	d.mu.Lock()
+	ttls := d.ttls[p.name]
+	var dur time.Duration
+	if d.intN(2) == 0 {
+		dur = time.Duration(50+d.int64N(int64(ttls[0]/time.Millisecond)-50)) * time.Millisecond
+	} else {
+		longest := ttls[len(ttls)-1]
+		dur = longest + 200*time.Millisecond + time.Duration(d.int64N(int64(longest)))
+	}
+	p.stopped = true
+	p.stopStart = time.Now().UnixNano()
+	d.mu.Unlock()
+	if err := stopProcess(p.cmd.Process); err != nil {
+		d.problem("stop %s: %v", p.name, err)
+		return
+	}
+	d.record(FaultStop, p.name, dur)
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		t := time.NewTimer(dur)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-d.faultCh:
+		case <-p.exited:
+		}
+		_ = contProcess(p.cmd.Process)
+		d.mu.Lock()
+		st := stopFault{Worker: p.name, Start: p.stopStart, End: time.Now().UnixNano()}
+		d.stops = append(d.stops, st)
+		p.stopped = false
+		d.mu.Unlock()
+		d.logFault("stop ended", p.name, time.Duration(st.End-st.Start))
+	}()
+}
+
+// terminate ends the backends of one worker, or of all (one time in
+// three), with pg_terminate_backend.
+func (d *driver) terminate(ctx context.Context) {
+	pattern := "chaosw-%"
+	if d.intN(3) != 0 {
+		pattern = fmt.Sprintf("chaosw-w%d", d.intN(d.cfg.Workers))
+	}
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	var n int
+	err := d.admin.QueryRowContext(tctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE $1 AND pid <> pg_backend_pid()) t`, pattern).Scan(&n)
+	if err != nil {
+		return // the server may be restarting
+	}
+	d.count(FaultTerminate)
+}
+
+// spike makes the proxy delay every chunk by 50-400 ms for 0.5-2.5 s.
+func (d *driver) spike() {
+	if !d.latency.TryLock() {
+		return
+	}
+	delay := time.Duration(50+d.intN(350)) * time.Millisecond
+	length := time.Duration(500+d.intN(2000)) * time.Millisecond
+	d.px.SetDelay(delay)
+	d.count(FaultLatency)
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		defer d.latency.Unlock()
+		select {
+		case <-time.After(length):
+		case <-d.faultCh:
+		}
+		d.px.SetDelay(0)
+	}()
+}

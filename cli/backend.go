@@ -1,0 +1,134 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/sqlease/sqlease/conformance"
+)
+
+// Backend tells the CLI how to reach one kind of database: which registered
+// dialect and database/sql driver serve DSNs of which form, and how
+// `sqlease check` gets isolated databases from it. The CLI has no list of
+// dialects of its own: every dialect it can use comes from a Backend
+// registered with RegisterBackend (the built-in ones: postgres, sqlite,
+// mysql).
+type Backend struct {
+	// Dialect is the registered dialect name (dialect.Register), e.g.
+	// "mysql". The dialect's package must be imported.
+	Dialect string
+	// Driver is the database/sql driver name (sql.Register), e.g. "mysql".
+	// The driver's package must be imported.
+	Driver string
+	// Match reports whether a DSN has this backend's form (for example a
+	// "mysql://" prefix), so that --dialect can be left out. Nil: the
+	// backend is used only with --dialect.
+	Match func(dsn string) bool
+	// DSN converts the DSN the operator gave into the one the driver
+	// takes, and names the database file when the database is a local file
+	// (SQLite), "" otherwise. Nil: the DSN is passed as is.
+	DSN func(dsn string) (driverDSN, file string, err error)
+	// Check returns the conformance configuration `sqlease check` runs
+	// with: every case must get a database of its own (for example a fresh
+	// schema) that its Cleanup removes. driverDSN and file come from DSN;
+	// both are empty when Embedded and no DSN was given. cleanup runs after
+	// the cases (it may be nil). Nil: the backend cannot be checked.
+	Check func(ctx context.Context, driverDSN, file string) (cfg conformance.Config, cleanup func() error, err error)
+	// Embedded: check runs on this backend when no DSN is given (an
+	// embedded database in a temporary directory). At most one backend
+	// should set it.
+	Embedded bool
+	// Forms describes the DSN forms Match claims, for the usage text, e.g.
+	// "mysql://user:pass@host:3306/db".
+	Forms string
+}
+
+var (
+	backendsMu sync.RWMutex
+	backends   = map[string]Backend{}
+)
+
+// RegisterBackend makes a backend available to the CLI under its dialect
+// name. Like sql.Register it panics when the dialect or driver name is
+// empty or the dialect already has a backend. Call it from an init
+// function of the package that builds the CLI (see Main).
+func RegisterBackend(b Backend) {
+	if b.Dialect == "" || b.Driver == "" {
+		panic("cli: RegisterBackend needs a Dialect and a Driver name")
+	}
+	backendsMu.Lock()
+	defer backendsMu.Unlock()
+	if _, dup := backends[b.Dialect]; dup {
+		panic("cli: RegisterBackend called twice for dialect " + b.Dialect)
+	}
+	backends[b.Dialect] = b
+}
+
+// backendList returns the registered backends sorted by dialect name.
+func backendList() []Backend {
+	backendsMu.RLock()
+	defer backendsMu.RUnlock()
+	out := make([]Backend, 0, len(backends))
+	for _, b := range backends {
+		out = append(out, b)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Dialect < out[j].Dialect })
+	return out
+}
+
+// backendFor returns the backend of a dialect name.
+func backendFor(name string) (Backend, bool) {
+	backendsMu.RLock()
+	defer backendsMu.RUnlock()
+	b, ok := backends[name]
+	return b, ok
+}
+
+// backendNames lists the dialect names that have a backend.
+func backendNames() string {
+	var names []string
+	for _, b := range backendList() {
+		names = append(names, b.Dialect)
+	}
+	return strings.Join(names, ", ")
+}
+
+// matchBackend returns the backend whose Match claims dsn. Several claims
+// are an error naming them.
+func matchBackend(dsn string) (Backend, bool, error) {
+	var found []Backend
+	for _, b := range backendList() {
+		if b.Match != nil && b.Match(dsn) {
+			found = append(found, b)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return Backend{}, false, nil
+	case 1:
+		return found[0], true, nil
+	}
+	var names []string
+	for _, b := range found {
+		names = append(names, b.Dialect)
+	}
+	return Backend{}, false, fmt.Errorf("several dialects claim the DSN (%s); pass --dialect NAME", strings.Join(names, ", "))
+}
+
+// dsnHelp describes the DSN forms of the registered backends.
+func dsnHelp() string {
+	var b strings.Builder
+	b.WriteString("The DSN comes from --dsn or $" + dsnEnv + ". The dialect is inferred from its form:\n")
+	for _, be := range backendList() {
+		forms := be.Forms
+		if forms == "" {
+			forms = "(only with --dialect " + be.Dialect + ")"
+		}
+		fmt.Fprintf(&b, "  %-9s %s (driver %s)\n", be.Dialect, forms, be.Driver)
+	}
+	b.WriteString("--dialect NAME overrides the guess.")
+	return b.String()
+}

@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/sqlease/sqlease/conformance"
+	"github.com/sqlease/sqlease/conformance/conftest" // registers the built-in dialects and drivers
+)
+
+// The built-in backends: PostgreSQL (pgx), SQLite (modernc.org/sqlite, pure Go: no C compiler; the
+// embedded default of check) and MySQL/MariaDB (go-sql-driver/mysql). They
+// are registered like any third-party backend.
+func init() {
+	RegisterBackend(Backend{
+		Dialect: "postgres",
+		Driver:  "pgx",
+		Forms:   "postgres://... or postgresql://...",
+		Match: func(dsn string) bool {
+			return hasPrefixFold(dsn, "postgres://") || hasPrefixFold(dsn, "postgresql://")
+		},
+		Check: func(ctx context.Context, dsn, _ string) (conformance.Config, func() error, error) {
+			return conftest.Postgres(dsn), nil, nil
+		},
+	})
+	RegisterBackend(Backend{
+		Dialect:  "sqlite",
+		Driver:   "sqlite",
+		Forms:    "file:PATH, sqlite:PATH or a path ending in .db, .sqlite or .sqlite3",
+		Embedded: true,
+		Match: func(dsn string) bool {
+			if hasPrefixFold(dsn, "file:") || hasPrefixFold(dsn, "sqlite:") {
+				return true
+			}
+			path, _, _ := strings.Cut(strings.ToLower(dsn), "?")
+			for _, ext := range []string{".db", ".sqlite", ".sqlite3"} {
+				if strings.HasSuffix(path, ext) {
+					return true
+				}
+			}
+			return false
+		},
+		DSN: func(dsn string) (string, string, error) {
+			d, path := sqliteDSN(dsn)
+			return d, path, nil
+		},
+		// Cases never touch the DSN's file: each gets a new file in a
+		// temporary directory next to it (to check that filesystem), or
+		// in the system's temporary directory.
+		Check: func(ctx context.Context, _, file string) (conformance.Config, func() error, error) {
+			parent := ""
+			if file != "" {
+				parent = filepath.Dir(file)
+			}
+			dir, err := os.MkdirTemp(parent, "sqlease-check-")
+			if err != nil {
+				return conformance.Config{}, nil, fmt.Errorf("SQLite: cannot create a directory for the check databases: %w", err)
+			}
+			return conftest.SQLite(dir), func() error { return os.RemoveAll(dir) }, nil
+		},
+	})
+	RegisterBackend(Backend{
+		Dialect: "mysql",
+		Driver:  "mysql",
+		Forms:   "mysql://user:pass@host:3306/db or a go-sql-driver DSN user:pass@tcp(host:3306)/db",
+		Match: func(dsn string) bool {
+			if hasPrefixFold(dsn, "mysql://") || hasPrefixFold(dsn, "mariadb://") {
+				return true
+			}
+			return strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix(")
+		},
+		DSN: func(dsn string) (string, string, error) {
+			d, err := mysqlDSN(dsn)
+			return d, "", err
+		},
+		Check: func(ctx context.Context, dsn, _ string) (conformance.Config, func() error, error) {
+			return conftest.MySQL(dsn), nil, nil
+		},
+	})
+}
+
+// sqliteBusyTimeoutMS is added to SQLite DSNs that set no busy timeout, so
+// the tool waits for the application's writers instead of failing with
+// SQLITE_BUSY.
+const sqliteBusyTimeoutMS = 10000
+
+// sqliteDSN turns a sqlite:PATH or sqlite://PATH DSN into one
+// modernc.org/sqlite (and mattn/go-sqlite3) accept, adds a busy timeout when none is set, and
+// returns the database file's path.
+func sqliteDSN(dsn string) (string, string) {
+	if rest, ok := cutPrefixFold(dsn, "sqlite://"); ok {
+		dsn = rest
+	} else if rest, ok := cutPrefixFold(dsn, "sqlite:"); ok {
+		dsn = rest
+	}
+	path, query, hasQuery := strings.Cut(dsn, "?")
+	if !strings.Contains(query, "_busy_timeout=") && !strings.Contains(query, "_timeout=") {
+		sep := "?"
+		if hasQuery {
+			sep = "&"
+		}
+		dsn += fmt.Sprintf("%s_busy_timeout=%d", sep, sqliteBusyTimeoutMS)
+	}
+	if rest, ok := cutPrefixFold(path, "file:"); ok {
+		path = rest
+		if strings.HasPrefix(path, "//") {
+			path = strings.TrimPrefix(path, "//")
+		}
+	}
+	if path == "" || path == ":memory:" || strings.Contains(query, "mode=memory") {
+		path = ""
+	}
+	return dsn, path
+}
+
+// mysqlDSN turns mysql://user:pass@host:port/db?param=v (or mariadb://)
+// into the go-sql-driver/mysql DSN user:pass@tcp(host:port)/db?param=v and
+// sets parseTime=true, which the migration lock needs. A DSN already in the
+// driver's form only gets parseTime=true.
+func mysqlDSN(dsn string) (string, error) {
+	if hasPrefixFold(dsn, "mysql://") || hasPrefixFold(dsn, "mariadb://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", err
+		}
+		cfg := mysql.NewConfig()
+		if u.User != nil {
+			cfg.User = u.User.Username()
+			cfg.Passwd, _ = u.User.Password()
+		}
+		cfg.Net = "tcp"
+		cfg.Addr = u.Host
+		if u.Port() == "" {
+			cfg.Addr = u.Host + ":3306"
+		}
+		cfg.DBName = strings.TrimPrefix(u.Path, "/")
+		// Let the driver parse the query parameters.
+		parsed, err := mysql.ParseDSN("/?" + u.RawQuery)
+		if err != nil {
+			return "", err
+		}
+		parsed.User, parsed.Passwd, parsed.Net, parsed.Addr, parsed.DBName = cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName
+		parsed.ParseTime = true
+		return parsed.FormatDSN(), nil
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", err
+	}
+	cfg.ParseTime = true
+	return cfg.FormatDSN(), nil
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	_, ok := cutPrefixFold(s, prefix)
+	return ok
+}
+
+func cutPrefixFold(s, prefix string) (string, bool) {
+	if len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) {
+		return s[len(prefix):], true
+	}
+	return s, false
+}

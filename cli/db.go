@@ -1,0 +1,258 @@
+package cli
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/lock"
+)
+
+// dsnEnv is the environment variable read when --dsn is not given.
+const dsnEnv = "SQLEASE_DSN"
+
+// pingTimeout bounds the reachability check before a command runs.
+const pingTimeout = 10 * time.Second
+
+// dbFlags are the connection flags every command shares.
+type dbFlags struct {
+	dsn, dialect string
+}
+
+func (f *dbFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.dsn, "dsn", "", "database `DSN` (default $"+dsnEnv+")")
+	fs.StringVar(&f.dialect, "dialect", "", "dialect `NAME` ("+backendNames()+"); default: inferred from the DSN")
+}
+
+// nsFlags place the lock tables.
+type nsFlags struct {
+	schema, prefix string
+}
+
+func (f *nsFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.schema, "schema", "", "`SCHEMA` holding the lock tables (dialects with schemas: PostgreSQL, MySQL database; default: the connection's)")
+	fs.StringVar(&f.prefix, "prefix", "", "table name `PREFIX` of the lock tables (default \""+dialect.DefaultPrefix+"\")")
+}
+
+func (f *nsFlags) namespace() dialect.Namespace {
+	return dialect.Namespace{Schema: f.schema, Prefix: f.prefix}
+}
+
+// dsnValue returns --dsn, else $SQLEASE_DSN.
+func (f *dbFlags) dsnValue() string {
+	if f.dsn != "" {
+		return f.dsn
+	}
+	return os.Getenv(dsnEnv)
+}
+
+// target is a resolved database: what to open and with which dialect.
+type target struct {
+	dsn     string // passed to sql.Open
+	driver  string
+	dialect dialect.Dialect
+	backend Backend
+	// file is the database file of a file-based database ("" otherwise,
+	// for an in-memory database or a path that could not be parsed).
+	file string
+}
+
+// resolve picks the dialect and driver for dsn: --dialect when given, else
+// the registered Backend whose Match claims the DSN. Errors are usage
+// errors (exit 2).
+func resolve(dsn, dialectName string) (target, error) {
+	if dsn == "" {
+		return target{}, usageErr("no database: pass --dsn DSN or set $%s", dsnEnv)
+	}
+	var b Backend
+	if dialectName != "" {
+		if _, err := dialect.Lookup(dialectName); err != nil {
+			return target{}, usageErr("%v", err)
+		}
+		var ok bool
+		if b, ok = backendFor(dialectName); !ok {
+			return target{}, usageErr("dialect %q has no database/sql driver in this program (registered: %s; see cli.RegisterBackend)", dialectName, backendNames())
+		}
+	} else {
+		var ok bool
+		var err error
+		if b, ok, err = matchBackend(dsn); err != nil {
+			return target{}, usageErr("%v", err)
+		} else if !ok {
+			return target{}, usageErr("cannot tell the dialect from the DSN; pass --dialect NAME (registered: %s)\n%s", backendNames(), dsnHelp())
+		}
+	}
+	d, err := dialect.Lookup(b.Dialect)
+	if err != nil {
+		return target{}, usageErr("%v", err)
+	}
+	t := target{dsn: dsn, driver: b.Driver, dialect: d, backend: b}
+	if b.DSN != nil {
+		if t.dsn, t.file, err = b.DSN(dsn); err != nil {
+			return target{}, usageErr("%s DSN: %v", b.Dialect, err)
+		}
+	}
+	return t, nil
+}
+
+// open resolves the flags, opens the database and pings it. With mustExist,
+// a SQLite file that does not exist is an error instead of being created.
+// Unreachable databases are usage errors (exit 2).
+func open(ctx context.Context, f *dbFlags, mustExist bool) (*sql.DB, target, error) {
+	t, err := resolve(f.dsnValue(), f.dialect)
+	if err != nil {
+		return nil, t, err
+	}
+	if mustExist && t.file != "" {
+		if _, err := os.Stat(t.file); err != nil {
+			return nil, t, usageErr("%s database %s: %v", t.dialect.Name(), t.file, errors.Unwrap(err))
+		}
+	}
+	db, err := sql.Open(t.driver, t.dsn)
+	if err != nil {
+		return nil, t, usageErr("open %s database: %v", t.dialect.Name(), err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, t, usageErr("cannot reach the %s database: %v", t.dialect.Name(), err)
+	}
+	return db, t, nil
+}
+
+// dbCmd is the flag and database prologue the database commands share:
+// the connection flags, the namespace flags and --json, then opening the
+// database and checking the namespace.
+type dbCmd struct {
+	db     dbFlags
+	ns     nsFlags
+	asJSON bool
+}
+
+// register adds --dsn, --dialect, --schema, --prefix and, when jsonHelp is
+// not empty, --json to fs.
+func (c *dbCmd) register(fs *flag.FlagSet, jsonHelp string) {
+	c.db.register(fs)
+	c.ns.register(fs)
+	if jsonHelp != "" {
+		fs.BoolVar(&c.asJSON, "json", false, jsonHelp)
+	}
+}
+
+// open opens the database (see open) and checks the namespace flags
+// against its dialect and backend: a bad or reserved schema or prefix is a
+// usage error (exit 2). The caller closes the database.
+func (c *dbCmd) open(ctx context.Context, mustExist bool) (*sql.DB, target, dialect.Namespace, error) {
+	ns := c.ns.namespace()
+	// Check what needs no database first: a bad name is reported the same
+	// way whether or not the database is reachable.
+	if t, err := resolve(c.db.dsnValue(), c.db.dialect); err == nil {
+		if err := checkNamespace(t, ns); err != nil {
+			return nil, t, ns, err
+		}
+	}
+	db, t, err := open(ctx, &c.db, mustExist)
+	if err != nil {
+		return nil, t, ns, err
+	}
+	if err := checkNamespace(t, ns); err != nil {
+		db.Close()
+		return nil, t, ns, err
+	}
+	return db, t, ns, nil
+}
+
+// locker opens the database and builds a Locker on it (see newLocker);
+// closeAll closes both.
+func (c *dbCmd) locker(ctx context.Context) (l *lock.Locker, closeAll func(), err error) {
+	db, t, ns, err := c.open(ctx, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	if l, err = newLocker(ctx, db, t, ns); err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return l, func() {
+		l.Close(context.WithoutCancel(ctx))
+		db.Close()
+	}, nil
+}
+
+// checkNamespace validates the schema and prefix for the target's dialect
+// and rejects a schema its backend reserves (a system schema such as
+// PostgreSQL's pg_catalog). Errors are usage errors naming the flag.
+func checkNamespace(t target, ns dialect.Namespace) error {
+	if err := ns.Validate(t.dialect); err != nil {
+		return inputUsageErr(err)
+	}
+	return nil
+}
+
+// inputUsageErr turns an input error of lock, migrate or dialect into a
+// usage error (exit 2) that names the flag it came from instead of the
+// package: "invalid --schema "X": ...". Other errors become usage errors
+// as they are.
+func inputUsageErr(err error) error {
+	var ie *dialect.InputError
+	if !errors.As(err, &ie) {
+		return usageErr("%v", err)
+	}
+	field := ie.Field
+	switch field {
+	case "schema", "prefix":
+		field = "--" + field
+	case "key prefix":
+		field = "--key"
+	}
+	return usageErr("invalid %s %s: %s", field, ie.Value, ie.Allowed)
+}
+
+// noArgs rejects positional arguments of a command that takes none.
+func noArgs(args []string) error {
+	if len(args) > 0 {
+		return usageErr("unexpected argument %q", args[0])
+	}
+	return nil
+}
+
+// newLocker builds a Locker on db for the operator commands. Lock tables
+// that are missing or old are a usage error (exit 2) telling to migrate.
+func newLocker(ctx context.Context, db *sql.DB, t target, ns dialect.Namespace) (*lock.Locker, error) {
+	l, err := lock.New(ctx, db, t.dialect,
+		lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix),
+		lock.WithLogger(slog.New(slog.DiscardHandler)))
+	var se *lock.SchemaError
+	switch {
+	case errors.As(err, &se):
+		if se.Current == 0 {
+			return nil, usageErr("the lock tables are not migrated (%s is at version 0, need %d): run `sqlease migrate%s` first",
+				se.Table, se.Want, nsArgs(ns))
+		}
+		return nil, usageErr("the lock tables are at version %d (%s), this build needs %d: run `sqlease migrate%s` first (`sqlease migrate status` lists what is pending)",
+			se.Current, se.Table, se.Want, nsArgs(ns))
+	case errors.Is(err, lock.ErrInvalidInput), errors.Is(err, dialect.ErrInvalidName):
+		return nil, inputUsageErr(err)
+	case err != nil:
+		return nil, err
+	}
+	return l, nil
+}
+
+// nsArgs renders the namespace flags for a suggested command line.
+func nsArgs(ns dialect.Namespace) string {
+	s := " --dsn DSN"
+	if ns.Schema != "" {
+		s += " --schema " + ns.Schema
+	}
+	if ns.Prefix != "" {
+		s += " --prefix " + ns.Prefix
+	}
+	return s
+}

@@ -1,0 +1,73 @@
+package conformance
+
+import (
+	"database/sql"
+	"errors"
+
+	"github.com/sqlease/sqlease/internal/faultdb"
+)
+
+// S6: the safety cases (S1 stress with crashed holders, S3 tokens, the
+// fenced counter of F2) run again with every session of the case's
+// database defaulting to each isolation level the dialect can default to.
+// The cases fail on any error a worker gets from the library that is not a
+// refusal or a loss, so a raw serialization failure or deadlock fails them.
+func init() {
+	levels := []struct {
+		name string
+		iso  sql.IsolationLevel
+	}{
+		{"ReadCommitted", sql.LevelReadCommitted},
+		{"RepeatableRead", sql.LevelRepeatableRead},
+		{"Serializable", sql.LevelSerializable},
+	}
+	for _, lv := range levels {
+		register(
+			Case{Name: "S6_" + lv.name + "_StressWithCrashedHolders", Rule: "S6", Run: func(e *Env) {
+				e.isolate(lv.iso)
+				stressCase(e, 30, 10)
+			}},
+			Case{Name: "S6_" + lv.name + "_TokensIncreasePerKey", Rule: "S6", Run: func(e *Env) {
+				e.isolate(lv.iso)
+				s3TokensIncrease(e)
+			}},
+			Case{Name: "S6_" + lv.name + "_FencedCounterAcrossProcesses", Rule: "S6", Run: func(e *Env) {
+				e.isolate(lv.iso)
+				f2FencedCounter(e)
+			}},
+		)
+	}
+}
+
+// isolate points the case at sessions defaulting to iso: e.DSN (used by
+// OpenDB and child processes) and e.DB (still through e.Faults) are
+// replaced. It skips the case when the Config cannot provide iso.
+func (e *Env) isolate(iso sql.IsolationLevel) {
+	e.T.Helper()
+	if e.Config.IsolationDSN == nil {
+		e.T.Skipf("Config.IsolationDSN is nil: the suite cannot make sessions default to %s", iso)
+	}
+	dsn, err := e.Config.IsolationDSN(e.DSN, iso)
+	if errors.Is(err, errors.ErrUnsupported) {
+		e.T.Skipf("sessions cannot default to %s: %v", iso, err)
+	}
+	if err != nil {
+		e.T.Fatalf("isolation DSN for %s: %v", iso, err)
+	}
+	raw, err := sql.Open(e.Config.DriverName, dsn)
+	if err != nil {
+		e.T.Fatalf("open %s: %v", e.Config.DriverName, err)
+	}
+	conn, err := faultdb.DSNConnector(raw.Driver(), dsn)
+	_ = raw.Close()
+	if err != nil {
+		e.T.Fatalf("connector: %v", err)
+	}
+	old := e.DB
+	e.T.Cleanup(func() { _ = old.Close() })
+	db := sql.OpenDB(e.Faults.Connector(conn))
+	db.SetMaxOpenConns(12)
+	db.SetMaxIdleConns(12)
+	e.DB, e.DSN = db, dsn
+	e.T.Logf("sessions default to %s", iso)
+}

@@ -1,0 +1,36 @@
+package dialect
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// LockWaiter is an optional interface for dialects whose driver waits for
+// a database lock inside a handler that a context cannot cut short
+// (SQLite's busy handler, set by the DSN's busy timeout). The engine runs
+// its write statements on a connection whose lock wait it bounded with
+// SetLockWait to what is left of the caller's deadline, and retries the
+// busy errors (ErrorRetryable) itself until then (SPEC H9).
+type LockWaiter interface {
+	// SetLockWait bounds conn's wait for a lock to d (at least 1 ms) and
+	// returns a function that restores the previous bound; the engine
+	// discards the connection when restoring fails.
+	SetLockWait(ctx context.Context, conn *sql.Conn, d time.Duration) (restore func(context.Context) error, err error)
+}
+
+// LockWaitReader is optional for LockWaiter dialects: LockWait reports
+// conn's current bound on a lock wait (SQLite: PRAGMA busy_timeout). The
+// engine reads it once per Locker, assuming every connection of the pool
+// has the same bound (the DSN's), and skips SetLockWait (and its restore)
+// when that bound already ends before the statement's deadline: an
+// uncontended acquire then sends no lock-wait statements (SPEC H9 still
+// holds, since the driver's wait ends in time by itself).
+// When the bound is needed, the engine sets it with PutLockWait and puts
+// the pool's bound back the same way: two statements instead of
+// SetLockWait's three.
+type LockWaitReader interface {
+	LockWait(ctx context.Context, conn *sql.Conn) (time.Duration, error)
+	// PutLockWait sets conn's lock-wait bound to d (at least 1 ms).
+	PutLockWait(ctx context.Context, conn *sql.Conn, d time.Duration) error
+}

@@ -1,0 +1,271 @@
+// Package mysqldialect is the MySQL dialect of sqlease, for MySQL 8.0+ and
+// MariaDB 10.11+ with InnoDB tables.
+//
+// Acquire, renew, release and sweep are stored procedures installed by the
+// migrations; each runs its own short READ COMMITTED transaction, so the
+// session's default isolation (MySQL's REPEATABLE READ included) does not
+// matter and no gap lock of one key blocks another (SPEC S5, S6). Grants of
+// one key are serialized by a named lock (GET_LOCK) on a hash of the key;
+// fencing tokens come from an AUTO_INCREMENT counter, which persists across
+// restarts and belongs to no row (SPEC S3, S5). Times are read from
+// UTC_TIMESTAMP(6) in a statement of their own after every lock wait,
+// because MySQL evaluates it once per statement, at its start (SPEC S2).
+//
+// InnoDB has no FOR KEY SHARE, so the expiry of a lease lives in a table of
+// its own: a fenced transaction holds the lease's holder row in share mode
+// (LOCK IN SHARE MODE), which a takeover must lock exclusively to delete,
+// while a renewal only takes a share lock on that row and updates the
+// expiry row (SPEC F1, H7).
+//
+// Concurrent migrate.Up calls queue on goose's MySQL table locker, one lock
+// table per namespace (SPEC D1). There are no push wake-ups: waiters poll.
+//
+// Importing the package registers the dialect as "mysql"; it is detected for
+// the github.com/go-sql-driver/mysql driver. A Namespace schema is a MySQL
+// database (created by migrate.Up when missing). DSNs are go-sql-driver
+// DSNs with parseTime=true (goose's migration lock reads DATETIME columns;
+// WithParseTime adds it), e.g. "user:pass@tcp(host:3306)/db?parseTime=true".
+package mysqldialect
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/sqlease/sqlease/dialect"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Name is the registry name of this dialect.
+const Name = "mysql"
+
+// Dialect is the MySQL/MariaDB dialect. Its zero value is ready to use.
+type Dialect struct{}
+
+var (
+	_ dialect.Dialect             = Dialect{}
+	_ dialect.DriverMatcher       = Dialect{}
+	_ dialect.MigrationLocker     = Dialect{}
+	_ dialect.MigrationLockTabler = Dialect{}
+)
+
+func init() { dialect.Register(Dialect{}) }
+
+// New returns the MySQL dialect.
+func New() Dialect { return Dialect{} }
+
+// Name returns "mysql".
+func (Dialect) Name() string { return Name }
+
+// Capabilities: schemas (MySQL databases), row-lock fences and concurrent
+// writers. No notifications: waiters poll.
+func (Dialect) Capabilities() dialect.Capabilities {
+	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters
+}
+
+// QuoteIdent back-quotes name, doubling embedded back quotes.
+func (Dialect) QuoteIdent(name string) string {
+	return "`" + strings.ReplaceAll(name, "`", "``") + "`"
+}
+
+// Placeholder returns "?": go-sql-driver/mysql binds positionally, so a
+// parameter used twice in a template is bound twice (see dialect.Compile).
+func (Dialect) Placeholder(int) string { return "?" }
+
+// GooseDialect returns "mysql".
+func (Dialect) GooseDialect() string { return "mysql" }
+
+// Migrations returns the embedded migration templates.
+func (Dialect) Migrations() fs.FS {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
+// MatchesDriver claims github.com/go-sql-driver/mysql.
+func (Dialect) MatchesDriver(d driver.Driver) bool {
+	return dialect.DriverPackage(d) == "github.com/go-sql-driver/mysql"
+}
+
+// MigrationLocker returns goose's MySQL table locker on the table
+// "<prefix>migrate_lock" of ns (created on first use), so that concurrent
+// migrate.Up calls queue instead of racing on DDL, which MySQL does not run
+// in transactions (SPEC D1). The lock is a row with a lease (10 s, renewed
+// every 2 s), not session state; a crashed migrator's lock is taken over
+// after the lease. Waiting for it gives up after 5 minutes.
+//
+// goose's locker reads DATETIME columns, so the pool's DSN must set
+// parseTime=true; Lock fails at once with ErrParseTimeRequired otherwise.
+func (d Dialect) MigrationLocker(ns dialect.Namespace) (lock.Locker, error) {
+	table := strings.TrimSuffix(ns.VersionTable(), "db_version") + d.MigrationLockTable()
+	l, err := lock.NewMySQLTableLocker(
+		lock.WithTableName(table),
+		lock.WithTableLockID(int64(crc32.ChecksumIEEE([]byte("sqlease:"+table)))),
+		lock.WithTableLeaseDuration(10*time.Second),
+		lock.WithTableHeartbeatInterval(2*time.Second),
+		lock.WithTableLockTimeout(100*time.Millisecond, 3000),
+		lock.WithTableUnlockTimeout(100*time.Millisecond, 300),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return parseTimeLocker{l}, nil
+}
+
+// MigrationLockTable names the migration lock's table without the
+// namespace's prefix: "migrate_lock" (migrate.Drop removes it).
+func (Dialect) MigrationLockTable() string { return "migrate_lock" }
+
+// ErrParseTimeRequired is returned (wrapped) by the migration lock when the
+// pool's DSN lacks parseTime=true, which goose's MySQL lock needs.
+var ErrParseTimeRequired = errors.New("the MySQL DSN must set parseTime=true (e.g. user@tcp(host:3306)/db?parseTime=true) for the migration lock")
+
+// parseTimeLocker checks that the pool scans DATETIME values into
+// time.Time before goose's locker, which would otherwise retry its failing
+// scan for minutes.
+type parseTimeLocker struct{ lock.Locker }
+
+func (l parseTimeLocker) Lock(ctx context.Context, db *sql.DB) error {
+	if err := checkParseTime(ctx, db); err != nil {
+		return err
+	}
+	return l.Locker.Lock(ctx, db)
+}
+
+// CheckMigrationPool refuses, before migrate.Up writes anything, a pool
+// whose DSN lacks parseTime=true: a *dialect.InputError matching
+// dialect.ErrInvalidInput and ErrParseTimeRequired (rule I1). Other errors
+// are the database's. It only reads (dialect.MigrationPoolChecker).
+func (Dialect) CheckMigrationPool(ctx context.Context, db *sql.DB) error {
+	err := checkParseTime(ctx, db)
+	if errors.Is(err, ErrParseTimeRequired) {
+		return &dialect.InputError{Pkg: "mysqldialect", Field: "DSN", Value: "without parseTime=true",
+			Allowed: "a DSN with parseTime=true (e.g. user@tcp(host:3306)/db?parseTime=true; see WithParseTime), which the migration lock needs", Err: ErrParseTimeRequired}
+	}
+	return err
+}
+
+// checkParseTime returns an error wrapping ErrParseTimeRequired when db
+// does not scan DATETIME values into time.Time. It only reads.
+func checkParseTime(ctx context.Context, db *sql.DB) error {
+	var t time.Time
+	if err := db.QueryRowContext(ctx, `SELECT UTC_TIMESTAMP(6)`).Scan(&t); err != nil {
+		if strings.Contains(err.Error(), "unsupported Scan") {
+			return fmt.Errorf("mysqldialect: %w", ErrParseTimeRequired)
+		}
+		return fmt.Errorf("mysqldialect: migration lock: %w", err)
+	}
+	return nil
+}
+
+// WithParseTime returns dsn (a go-sql-driver/mysql DSN) with parseTime=true,
+// as the migration lock needs. It fails on a DSN the driver cannot parse.
+func WithParseTime(dsn string) (string, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("mysqldialect: DSN: %w", err)
+	}
+	cfg.ParseTime = true
+	return cfg.FormatDSN(), nil
+}
+
+// MySQL server error numbers used by Classify.
+const (
+	errLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT (also the per-key lock)
+	errDeadlock        = 1213 // ER_LOCK_DEADLOCK
+	errLockNowait      = 3572 // ER_LOCK_NOWAIT
+	errQueryTimeout    = 3024 // ER_QUERY_TIMEOUT (MySQL max_execution_time)
+	errStatementTime   = 1969 // ER_STATEMENT_TIMEOUT (MariaDB max_statement_time)
+	errInterrupted     = 1317 // ER_QUERY_INTERRUPTED
+	errShutdown        = 1053 // ER_SERVER_SHUTDOWN
+	errConnKilled      = 1927 // ER_CONNECTION_KILLED (MariaDB)
+	errDupEntry        = 1062 // ER_DUP_ENTRY
+	errNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
+	errBadDB           = 1049 // ER_BAD_DB_ERROR
+	errNoSuchProc      = 1305 // ER_SP_DOES_NOT_EXIST
+)
+
+// Classify maps MySQL error numbers: lock wait timeout, deadlock, NOWAIT,
+// statement timeouts, interruption and shutdown, a lost connection and any
+// error with SQLSTATE 40001 are retryable; a duplicate key is a conflict; an
+// unknown table, database or procedure means the schema is not migrated.
+func (Dialect) Classify(err error) dialect.ErrorClass {
+	if err == nil {
+		return dialect.ErrorOther
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case errLockWaitTimeout, errDeadlock, errLockNowait, errQueryTimeout, errStatementTime,
+			errInterrupted, errShutdown, errConnKilled:
+			return dialect.ErrorRetryable
+		case errDupEntry:
+			return dialect.ErrorConflict
+		case errNoSuchTable, errBadDB, errNoSuchProc:
+			return dialect.ErrorUndefinedTable
+		}
+		if string(me.SQLState[:]) == "40001" {
+			return dialect.ErrorRetryable
+		}
+		return dialect.ErrorOther
+	}
+	var st interface{ SQLState() string }
+	if errors.As(err, &st) && st.SQLState() == "40001" {
+		return dialect.ErrorRetryable
+	}
+	var ne net.Error
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) {
+		return dialect.ErrorRetryable
+	}
+	return dialect.ErrorOther
+}
+
+// nowUS is the database clock in integer microseconds, evaluated when the
+// statement starts.
+const nowUS = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))`
+
+// Statements returns the MySQL statement templates.
+func (Dialect) Statements() dialect.Statements {
+	return dialect.Statements{
+		Acquire:     []string{`CALL {acquire}(@key, @mode, @lease_id, @owner, @ttl_us, @marker_us, @watch_us)`},
+		Renew:       `CALL {renew}(@lease_id, @token, @ttl_us)`,
+		Release:     `CALL {release}(@lease_id, @token)`,
+		ClearMarker: `CALL {clear_marker}(@key, @lease_id)`,
+		// The locking clause locks the holder row only: rows a subquery
+		// reads are not locked, so renewals (which update the expiry row)
+		// are not blocked, and a takeover (which deletes the holder row)
+		// is.
+		Fence: `SELECT (SELECT e.expires_us FROM {expiry} e WHERE e.lease_id = h.lease_id) AS expires_us, ` + nowUS + ` AS now_us
+FROM {holders} h
+WHERE h.lease_id = @lease_id AND h.token = @token
+  AND (SELECT e.expires_us FROM {expiry} e WHERE e.lease_id = h.lease_id) > ` + nowUS + `
+LOCK IN SHARE MODE`,
+		Holders: `SELECT h.lock_key, h.mode, h.lease_id, h.owner, h.token, e.expires_us, ` + nowUS + ` AS now_us
+FROM {holders} h JOIN {expiry} e ON e.lease_id = h.lease_id
+WHERE LEFT(h.lock_key, LENGTH(@key_prefix)) = @key_prefix
+UNION ALL
+SELECT m.lock_key, 'w', m.waiter_id, m.owner, 0, m.expires_us, ` + nowUS + `
+FROM {markers} m WHERE LEFT(m.lock_key, LENGTH(@key_prefix)) = @key_prefix
+ORDER BY 1, 5`,
+		Sweep:             []string{`CALL {sweep}(@limit)`},
+		SweepReturnsCount: true,
+		CountRows:         `SELECT (SELECT COUNT(*) FROM {holders}) + (SELECT COUNT(*) FROM {expiry}) + (SELECT COUNT(*) FROM {markers})`,
+	}
+}

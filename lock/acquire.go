@@ -1,0 +1,763 @@
+package lock
+
+// Acquiring and waiting: TryAcquire, Acquire, Do, the poll loop with its
+// backoff, markers, FIFO tickets and wake-ups (SPEC W1-W6, H6, H9).
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/sqlease/sqlease/dialect"
+)
+
+// AcquireOption configures one Acquire, TryAcquire or Do call. A nil
+// AcquireOption is rejected (an *InputError matching ErrInvalidInput, I1).
+type AcquireOption func(*acquireConfig)
+
+type acquireConfig struct {
+	wait    time.Duration
+	waitSet bool
+	fifo    bool
+	bad     error // the first nil option (rule I1)
+	// callerCancels: the caller's context can end (Done is not nil);
+	// set by acquire before it adds Close's cancellation.
+	callerCancels bool
+}
+
+// apply runs opts on c; a nil option is recorded in c.bad, which acquire
+// returns before anything else.
+func (c *acquireConfig) apply(opts []AcquireOption) {
+	for i, o := range opts {
+		if o == nil {
+			if c.bad == nil {
+				c.bad = inputErr("acquire option", fmt.Sprintf("nil (option %d of %d)", i+1, len(opts)), "a lock.AcquireOption such as WaitTimeout(5*time.Second); leave it out instead of passing nil")
+			}
+			continue
+		}
+		o(c)
+	}
+}
+
+// WaitTimeout bounds how long a blocking acquire waits for the key (default:
+// until the context ends). When it runs out, the acquire returns a
+// *LockedError (ErrLocked) with the holders it last saw. Negative values are
+// rejected with ErrInvalidInput (SPEC W3, I1).
+func WaitTimeout(d time.Duration) AcquireOption {
+	return func(c *acquireConfig) { c.wait, c.waitSet = d, true }
+}
+
+// FIFO makes the acquire wait in the key's strict FIFO queue (SPEC W6): a
+// blocking acquire takes a ticket (database time and a sequence number) when
+// it starts waiting and is granted in ticket order: an exclusive ticket
+// when every ticket ahead of it is gone, a shared ticket when no exclusive
+// ticket is ahead of it, so consecutive shared tickets are granted
+// together. A TryAcquire (or WaitTimeout(0)) with FIFO takes no ticket and
+// counts as behind every ticket: it never jumps a non-empty queue.
+//
+// Costs: the ticket is written when the wait starts and refreshed every
+// third of its TTL (the pending-writer TTL, WithPendingWriterTTL); other
+// refused polls write nothing. A waiter that gives up deletes its ticket at
+// once; one that dies leaves the queue when its ticket expires, so it
+// delays the waiters behind it by at most one ticket TTL. A waiter stalled
+// for longer than its ticket TTL loses its place and queues again at the
+// end.
+//
+// The queue orders FIFO acquires only. Acquires of the same key without
+// FIFO do not look at tickets; they follow writer preference (SPEC W1),
+// which the head of the queue takes part in: an exclusive ticket at the
+// head keeps a pending-writer marker like any waiting writer. Use FIFO for
+// every acquire of a key for strict arrival order.
+//
+// Acquires with FIFO fail with errors.ErrUnsupported when the dialect
+// lacks dialect.CapFIFO.
+func FIFO() AcquireOption {
+	return func(c *acquireConfig) { c.fifo = true }
+}
+
+// TryAcquire grants a lease on key in mode, or fails at once with a
+// *LockedError matching ErrLocked that lists the blocking holders (SPEC W3).
+// It never waits for the key and writes no pending-writer marker.
+//
+// Shared acquires of one key by several goroutines of one Locker are
+// granted together, each its own lease (SPEC W5).
+//
+// Errors: ErrInvalidInput (bad key or mode, SPEC I1), ErrReentrant (this
+// Locker holds or is acquiring key exclusively, or key in any mode and
+// mode is Exclusive; SPEC W4), ErrClosed, the context's
+// error (nothing is left held, SPEC H6), or the database's error.
+//
+// Options: FIFO (never jump the key's FIFO queue, SPEC W6); WaitTimeout is
+// ignored.
+func (l *Locker) TryAcquire(ctx context.Context, key string, mode Mode, opts ...AcquireOption) (*Lease, error) {
+	var ac acquireConfig
+	ac.apply(opts)
+	ac.wait, ac.waitSet = 0, false
+	return l.acquire(ctx, key, mode, false, ac)
+}
+
+// Acquire grants a lease on key in mode, waiting while the key is held in a
+// conflicting mode. Waits poll with exponential backoff and full jitter from
+// MinBackoff up to min(WithMaxBackoff, TTL), and never sleep past the
+// blocking lease's expiry, so a crashed holder is taken over within one TTL
+// plus one backoff step (SPEC W2).
+//
+// Writer preference (SPEC W1): a waiting exclusive acquire keeps a
+// pending-writer marker on the key, refreshed while it polls, so no new
+// shared lease is granted; shared leases already held finish, then the
+// writer is granted. Several waiting writers: the earliest to place its
+// marker keeps the claim until it is granted, gives up or its marker
+// expires; the others are granted in no guaranteed order. Readers wait at
+// most for one writer's hold; there is no global FIFO unless the FIFO
+// option is given (SPEC W6).
+//
+// Readers of one Locker (SPEC W5): many goroutines may hold shared leases
+// on key through this Locker at once, each its own lease. Each is a reader
+// like any other: it waits behind a pending writer. The Locker cannot tell
+// a nested acquire from a concurrent one, so a goroutine that already
+// holds a shared lease on key and acquires it shared again may wait behind
+// a pending writer that waits for the first lease, exactly as a nested
+// RLock of a sync.RWMutex (a deadlock until ctx or the WaitTimeout ends).
+// Acquires that certainly wait behind this Locker itself are refused with
+// ErrReentrant instead (SPEC W4; see TryAcquire).
+//
+// Deadlines hold (SPEC H9): it returns within the context's deadline or the
+// WaitTimeout, whichever is first, plus at most 500 ms, whatever the
+// database does; no statement of it runs past that, and undo work that
+// cannot finish in time goes on in the background for at most one TTL.
+//
+// Errors: as TryAcquire; ErrLocked when the WaitTimeout runs out; the
+// context's error when ctx ends (a grant that committed anyway is released
+// first; SPEC H6). Transient database errors while waiting (serialization
+// failures, busy, dropped or refused connections, EOF) are retried.
+func (l *Locker) Acquire(ctx context.Context, key string, mode Mode, opts ...AcquireOption) (*Lease, error) {
+	var ac acquireConfig
+	ac.apply(opts)
+	return l.acquire(ctx, key, mode, true, ac)
+}
+
+// Do runs fn under a lease on key in mode and releases the lease when fn
+// returns (or panics). fn's context ends when ctx ends or the lease is lost
+// (cause ErrLeaseLost, SPEC H3).
+//
+// It returns fn's error; if the lease was lost before fn returned
+// (including a trusted window that had ended by then), an error matching
+// ErrLeaseLost joined with fn's error. Without WaitTimeout or a deadline
+// on ctx the acquire waits as long as the key is held; when the wait
+// times out, the error matches ErrLocked. A renewal that fails after
+// fn returned changes nothing (SPEC H4). A release that fails is logged and
+// joined to the result (SPEC H5). Acquire errors are returned as from
+// Acquire.
+func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx context.Context, lease *Lease) error, opts ...AcquireOption) (err error) {
+	if fn == nil {
+		return inputErr("function", "nil", "Do needs a function to run")
+	}
+	lease, err := l.Acquire(ctx, key, mode, opts...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(lease.ctx, func() { cancel(context.Cause(lease.ctx)) })
+	finished := false
+	var returned time.Time
+	defer func() {
+		stop()
+		cancel(nil)
+		lost := lease.finish(returned)
+		relErr := lease.Release(ctx)
+		if !finished {
+			return // panicking: released; the panic goes on
+		}
+		if lost != nil {
+			err = errors.Join(lost, err)
+			return
+		}
+		if relErr != nil && !errors.Is(relErr, ErrNotHeld) {
+			err = errors.Join(err, relErr)
+		}
+	}()
+	err = fn(fctx, lease)
+	returned = time.Now()
+	finished = true
+	return err
+}
+
+func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, ac acquireConfig) (*Lease, error) {
+	if ctx == nil {
+		return nil, inputErr("context", "nil", "pass a non-nil context")
+	}
+	if ac.bad != nil {
+		return nil, ac.bad
+	}
+	if err := CheckKey(key); err != nil {
+		return nil, err
+	}
+	if mode != Exclusive && mode != Shared {
+		return nil, inputErr("mode", mode.String(), "Exclusive or Shared")
+	}
+	if ac.waitSet && ac.wait < 0 {
+		return nil, inputErr("wait timeout", ac.wait.String(), "zero (try once) or a positive duration")
+	}
+	if ac.fifo && len(l.st.acquireFIFO) == 0 {
+		return nil, fmt.Errorf("lock: acquire %s %q: FIFO: dialect %q: %w", mode, key, l.d.Name(), errors.ErrUnsupported)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, context.Cause(ctx))
+	}
+	leaseID := newID()
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, ErrClosed)
+	}
+	err := l.claim(key, mode, leaseID)
+	if err != nil {
+		l.mu.Unlock()
+		if !l.endWindows(key) {
+			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, ErrClosed)
+		}
+		if err := l.claim(key, mode, leaseID); err != nil {
+			l.mu.Unlock()
+			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
+		}
+	}
+	l.acquires.Add(1)
+	l.mu.Unlock()
+	defer l.acquires.Done()
+	// Close ends the acquire like a cancelled context, with cause
+	// ErrClosed: what it wrote is undone before it returns (SPEC H6).
+	ac.callerCancels = ctx.Done() != nil
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(l.closing, func() { cancel(ErrClosed) })
+	defer stop()
+	start := time.Now()
+	if ac.waitSet && ac.wait == 0 {
+		wait = false // WaitTimeout(0): try once
+	}
+	lease, err := l.poll(ctx, key, mode, leaseID, wait, ac)
+	if err == nil {
+		l.mu.Lock()
+		closed := l.closed
+		l.mu.Unlock()
+		if closed {
+			// Granted while Close ran: no lease outlives Close.
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
+			if rerr := lease.Release(rctx); rerr != nil && !errors.Is(rerr, ErrNotHeld) {
+				l.cfg.logger.Warn("sqlease: release of a lease granted during Close failed; it ends by expiry", "key", key, "lease_id", lease.LeaseID(), "err", rerr)
+			}
+			rcancel()
+			lease, err = nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, ErrClosed)
+		}
+	}
+	if err != nil {
+		if ac.fifo && wait {
+			l.dequeue(ctx, key, leaseID)
+		}
+		l.forget(key, leaseID)
+		if !errors.Is(err, ErrLocked) { // denials were reported by poll
+			l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
+		}
+	}
+	return lease, err
+}
+
+// watchTTL is how long a blocked waiter's interest in release notifications
+// for its key lasts after its last refresh (CapNotify); waiters refresh it
+// when half has passed.
+const watchTTL = 10 * time.Second
+
+// notifyMinPoll is the shortest wait between polls while release
+// notifications are available.
+const notifyMinPoll = 100 * time.Millisecond
+
+// acquireCancelGrace is how long an in-flight acquire statement may go on
+// after the caller's context ended or its deadline passed, before it is
+// cancelled.
+const acquireCancelGrace = 150 * time.Millisecond
+
+// undoGrace is how long past the caller's deadline an acquire may spend
+// undoing attempts whose outcome it does not know; undo work left then
+// goes on in the background for at most one TTL (SPEC H9: an acquire
+// returns within its deadline plus 500 ms).
+const undoGrace = 200 * time.Millisecond
+
+// maxLockWait bounds one statement's wait in a lock-wait handler the
+// context cannot interrupt (dialect.LockWaiter); the engine retries after.
+const maxLockWait = 250 * time.Millisecond
+
+// errNoOutcome: the Acquire script neither granted nor named a blocker
+// (what blocked ended meanwhile); the attempt is simply repeated.
+var errNoOutcome = errors.New("acquire neither granted nor reported holders")
+
+type acquireResult struct {
+	granted   bool
+	grantedAt time.Time
+	lease     Holder
+	now       time.Time
+	holders   []Holder
+}
+
+func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID string, wait bool, ac acquireConfig) (*Lease, error) {
+	// The lease ID starts as the acquire's ID in l.active; it changes after
+	// an attempt whose outcome is unknown (that attempt is undone first).
+	leaseID := activeID
+	start := time.Now()
+	var deadline time.Time
+	if wait && ac.waitSet {
+		deadline = start.Add(ac.wait)
+	}
+	// No statement of this acquire runs much past hard (SPEC H9).
+	hard := deadline
+	if d, ok := ctx.Deadline(); ok && (hard.IsZero() || d.Before(hard)) {
+		hard = d
+	}
+	var markerAt time.Time // when our marker was last written; zero: not ours
+	var last []Holder      // blockers seen by the last refused attempt
+	// FIFO (SPEC W6): the ticket is the acquire's ID; it is written on the
+	// first attempt and refreshed every third of its TTL.
+	var tk *ticketArgs
+	var ticketAt time.Time // when our ticket was last written; zero: not yet
+	queued := false        // the last refused attempt saw tickets ahead of ours
+	if ac.fifo {
+		tk = &ticketArgs{id: activeID}
+	}
+	// What attempts under leaseID may have written without our knowing:
+	// a grant (reply lost) or a marker.
+	var maybeGrant, maybeMarker bool
+	giveUp := func() {
+		l.undo(ctx, key, leaseID, maybeGrant, maybeMarker || !markerAt.IsZero(), hard)
+	}
+	// Wake-ups: the in-process registration from the start (cheap); the
+	// pool's listener (CapNotify) after the first refused attempt, so an
+	// uncontended acquire never opens a listening connection.
+	var hw *hubWaiter
+	var wake <-chan struct{}
+	stopWaiting, stopListening := func() {}, func() {}
+	defer func() { stopWaiting(); stopListening() }()
+	if wait {
+		hw, stopWaiting = l.waitStart(key, leaseID)
+		wake = hw.ch
+	}
+	listening := false
+	retries := 0
+	for attempt := 0; ; attempt++ {
+		var markerUS int64
+		if wait && mode == Exclusive && (markerAt.IsZero() || time.Since(markerAt) >= l.cfg.markerTTL/3) && !queued {
+			markerUS = l.cfg.markerTTL.Microseconds()
+		}
+		if tk != nil {
+			tk.us = 0
+			if wait && (ticketAt.IsZero() || time.Since(ticketAt) >= l.cfg.markerTTL/3) {
+				tk.us = l.cfg.markerTTL.Microseconds()
+			}
+		}
+		send := time.Now()
+		var watchUS int64
+		if wait && l.d.Capabilities().Has(dialect.CapNotify) {
+			watchUS = watchTTL.Microseconds()
+		}
+		res, err := l.acquireOnce(ctx, key, mode, leaseID, markerUS, watchUS, tk, hard, wait && attempt == 0, ac.callerCancels)
+		if err != nil && l.uncertain(err) {
+			maybeGrant = true
+			maybeMarker = maybeMarker || markerUS > 0
+		}
+		if ctx.Err() != nil {
+			// The statement may have committed a grant or a marker after
+			// the caller gave up: undo both before returning (SPEC H6).
+			if err == nil {
+				maybeGrant = maybeGrant || res.granted
+				maybeMarker = maybeMarker || markerUS > 0
+			}
+			giveUp()
+			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, context.Cause(ctx))
+		}
+		if err != nil {
+			// A statement that ran out of its own time (the statement
+			// timeout, a busy pool) or lost its connection while the
+			// caller still waits is retried like any transient error.
+			retryable := l.transient(err) || errors.Is(err, errNoOutcome) ||
+				errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+			if !retryable || (!wait && retries >= 2) {
+				giveUp()
+				return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
+			}
+			retries++
+			l.cfg.logger.Debug("sqlease: acquire retry", "key", key, "mode", mode.String(), "err", err)
+			if maybeGrant {
+				// The attempt may have committed: undo it and go on under
+				// a new lease ID, so a grant we never saw cannot block us.
+				giveUp()
+				leaseID, markerAt, ticketAt = newID(), time.Time{}, time.Time{}
+				maybeGrant, maybeMarker = false, false
+			}
+		} else if res.granted {
+			if time.Since(send) > (l.cfg.ttl-l.cfg.margin)/3 {
+				// The grant took long (it waited for locks): its trusted
+				// window, counted from the send, is mostly spent. Renew
+				// once so the caller gets a usable lease (SPEC H1).
+				// Best effort: on failure the lease keeps its short window
+				// and the renewer retries as usual.
+				if err := l.freshen(ctx, &res, &send); err != nil {
+					l.cfg.logger.Debug("sqlease: renewal after a slow grant failed", "key", key, "lease_id", leaseID, "err", err)
+				}
+			}
+			l.emit(Event{Kind: EventAcquireGranted, Key: key, Mode: mode, LeaseID: leaseID, Token: res.lease.Token, Wait: time.Since(start)})
+			if listening {
+				// Pass the wake-up on to the next waiter of this process:
+				// after a shared grant (or our FIFO ticket leaving the
+				// queue) it may be granted too; after an exclusive one it
+				// claims the pending-writer marker, so the next release
+				// wakes it alone instead of every process's choice.
+				stopWaiting()
+				stopListening()
+				hubWake(l.cfg.ns.Channel(), key, "")
+			}
+			return l.newLease(key, mode, res, send, activeID), nil
+		} else {
+			last = last[:0]
+			mine := false
+			queued = false
+			var until time.Duration = -1
+			if tk != nil && tk.us > 0 {
+				ticketAt = send
+			}
+			for _, h := range res.holders {
+				if h.Mode == PendingWriter && h.LeaseID == leaseID {
+					mine = true // our own marker: not a blocker
+					continue
+				}
+				if h.Mode == Queued {
+					queued = true
+				}
+				last = append(last, h)
+				if d := h.Expiry.Sub(res.now); until < 0 || d < until {
+					until = d
+				}
+			}
+			switch {
+			case !mine:
+				markerAt = time.Time{}
+			case markerUS > 0:
+				markerAt = send
+			}
+			if !wait {
+				giveUp()
+				err := &LockedError{Key: key, Mode: mode, Holders: last}
+				l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
+				return nil, err
+			}
+			if !deadline.IsZero() && !time.Now().Before(deadline) {
+				giveUp()
+				err := &LockedError{Key: key, Mode: mode, Holders: last, Waited: time.Since(start)}
+				l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
+				return nil, err
+			}
+			if !listening {
+				stopListening, listening = l.listenStart(), true
+			}
+			hubUpdate(hw, leaseID, !markerAt.IsZero())
+			held, claim := false, ""
+			for _, h := range last {
+				switch h.Mode {
+				case Exclusive, Shared:
+					held = true
+				case PendingWriter:
+					claim = h.LeaseID
+				}
+			}
+			if !held && claim != "" {
+				// Only another waiter's claim blocks us: pass the wake-up
+				// to it, in case it is in this process and missed the
+				// release (its marker may have committed just after the
+				// release looked for one).
+				hubWake(l.cfg.ns.Channel(), key, claim)
+			}
+			limit := l.cfg.maxBackoff
+			sleep := Backoff(attempt, limit)
+			if ready, since := l.notifyReady(); ready && since.Before(send) {
+				// Releases wake us (the listener was up before this
+				// attempt, so none was missed); poll only as a fallback.
+				// Drawn from the upper half of the interval: wake-ups
+				// are targeted (one waiter per release), so a ramp of
+				// early polls would be most of the statements.
+				half := l.cfg.notifyPoll / 2
+				sleep = max(half+rand.N(half+1), min(notifyMinPoll, l.cfg.notifyPoll))
+			}
+			if until >= 0 {
+				// Wake just after the earliest blocking lease expires.
+				sleep = min(sleep, max(until+time.Millisecond, MinBackoff))
+			}
+			if !markerAt.IsZero() || tk != nil {
+				sleep = min(sleep, l.cfg.markerTTL/3)
+			}
+			if len(last) == 0 {
+				// Refused, but what blocked ended while the attempt ran
+				// (only our own marker is left): a release that looked
+				// for a marker before ours committed woke someone else.
+				sleep = MinBackoff
+			}
+			if err := l.sleep(ctx, sleep, deadline, wake); err != nil {
+				giveUp()
+				return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
+			}
+			continue
+		}
+		// retryable error
+		if err := l.sleep(ctx, l.backoff(attempt), deadline, nil); err != nil {
+			giveUp()
+			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			giveUp()
+			return nil, &LockedError{Key: key, Mode: mode, Holders: last, Waited: time.Since(start)}
+		}
+	}
+}
+
+// backoff returns the full-jitter wait before poll attempt+1: uniform in
+// [MinBackoff, min(cap, MinBackoff*2^attempt)], cap = min(WithMaxBackoff,
+// TTL) (SPEC W2).
+func (l *Locker) backoff(attempt int) time.Duration {
+	return Backoff(attempt, l.cfg.maxBackoff)
+}
+
+// Backoff is the wait schedule of blocked acquires: for poll attempt n (from
+// 0) a duration drawn uniformly from [MinBackoff, min(limit,
+// MinBackoff*2^n)] (full jitter). It never exceeds limit (at least
+// MinBackoff). Exported so the schedule can be tested (SPEC W2).
+func Backoff(attempt int, limit time.Duration) time.Duration {
+	limit = max(limit, MinBackoff)
+	ceil := limit
+	if attempt < 30 {
+		ceil = min(limit, MinBackoff<<attempt)
+	}
+	if ceil <= MinBackoff {
+		return MinBackoff
+	}
+	return MinBackoff + rand.N(ceil-MinBackoff+1)
+}
+
+// sleep waits d, or until deadline, or a wake-up; or until ctx ends (it
+// then returns ctx's cause: ErrClosed when Close ended it).
+func (l *Locker) sleep(ctx context.Context, d time.Duration, deadline time.Time, wake <-chan struct{}) error {
+	if !deadline.IsZero() {
+		d = min(d, max(time.Until(deadline), 0))
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+	case <-wake:
+	}
+	return nil
+}
+
+// ticketArgs are the FIFO arguments of one attempt (SPEC W6): the ticket
+// ID and the ticket TTL to write (0: do not write).
+type ticketArgs struct {
+	id string
+	us int64
+}
+
+// acquireOnce runs the Acquire script once (with tk, the AcquireFIFO
+// script). The statement runs on a context
+// detached from ctx (bounded by the statement timeout, and by hard plus a
+// grace when hard is set) so its outcome is usually known (SPEC H6, H9).
+// On a dialect.LockWaiter dialect its lock waits end by hard, and are
+// bounded by maxLockWait when the caller's context can end (callerCancels).
+// With the dialect's Grant (and Mark) fast paths, an uncontended grant is
+// one statement (first: a blocking acquire's first attempt, Grant first) or
+// a Probe and Grant, and a refused poll is the Probe, plus Mark when the
+// marker is due.
+func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID string, markerUS, watchUS int64, tk *ticketArgs, hard time.Time, first, callerCancels bool) (acquireResult, error) {
+	timeout := l.cfg.stmtTimeout
+	wait := time.Duration(0) // 0: leave the connection's lock wait alone
+	if callerCancels {
+		wait = maxLockWait
+	}
+	if !hard.IsZero() {
+		left := time.Until(hard)
+		timeout = min(timeout, max(left, 0)+acquireCancelGrace)
+		wait = min(maxLockWait, max(left, time.Millisecond))
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	// When the caller gives up, let the statement finish for a moment, then
+	// cancel it through the driver (which aborts it on the server); either
+	// way its outcome is known before undo runs.
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(acquireCancelGrace, cancel) })
+	defer stop()
+	vals := map[string]any{
+		"key": key, "mode": mode.code(), "lease_id": leaseID, "owner": l.cfg.owner,
+		"ttl_us": l.cfg.ttl.Microseconds(), "marker_us": markerUS, "watch_us": watchUS,
+	}
+	probe, script := l.st.probe, l.st.acquire
+	if tk != nil {
+		vals["ticket_id"], vals["ticket_us"] = tk.id, tk.us
+		probe, script = l.st.probeFIFO, l.st.acquireFIFO
+		if tk.us > 0 {
+			probe.ok = false
+		}
+	}
+	var res acquireResult
+	scan := func(rows *sql.Rows) error {
+		for rows.Next() {
+			var granted bool
+			var h Holder
+			var m string
+			var exp, now int64
+			if err := rows.Scan(&granted, &h.LeaseID, &m, &h.Owner, &h.Token, &exp, &now); err != nil {
+				return err
+			}
+			h.Key, h.Mode, h.Expiry = key, modeFromCode(m), time.UnixMicro(exp)
+			res.now = time.UnixMicro(now)
+			if granted {
+				if h.LeaseID != leaseID {
+					return fmt.Errorf("lock: dialect %q granted lease %q, asked for %q", l.d.Name(), h.LeaseID, leaseID)
+				}
+				res.granted, res.lease, res.grantedAt = true, h, h.Expiry.Add(-l.cfg.ttl)
+			} else {
+				res.holders = append(res.holders, h)
+			}
+		}
+		return rows.Err()
+	}
+	fast := tk == nil && l.st.grant.ok && watchUS == 0
+	grant := func() (bool, error) {
+		err := l.runAcquire(sctx, []dialect.Stmt{l.st.grant.Stmt}, vals, scan, &res, wait)
+		if err != nil || res.granted {
+			return true, err
+		}
+		res = acquireResult{}
+		return false, nil
+	}
+	if fast && first {
+		// Most acquires find the key free: try the one-statement grant.
+		if done, err := grant(); done {
+			return res, err
+		}
+	}
+	mark := fast && markerUS > 0 && l.st.mark.ok
+	if probe.ok && watchUS == 0 && (markerUS == 0 || mark) {
+		// Read-only first: a refused poll writes nothing (but the marker
+		// when it is due, in one statement).
+		rows, err := l.db.QueryContext(sctx, probe.SQL, probe.Args(vals)...)
+		if err == nil {
+			err = scan(rows)
+			if cerr := rows.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			return res, err
+		}
+		if len(res.holders) > 0 {
+			if mark {
+				return res, l.refreshMarker(sctx, key, leaseID, vals, &res, wait)
+			}
+			return res, nil
+		}
+		res = acquireResult{}
+		if fast && !first {
+			if done, err := grant(); done {
+				return res, err
+			}
+		}
+	}
+	err := l.runAcquire(sctx, script, vals, scan, &res, wait)
+	if err == nil && !res.granted && len(res.holders) == 0 {
+		err = errNoOutcome
+	}
+	return res, err
+}
+
+// refreshMarker runs the Mark statement for a waiter the Probe found
+// blocked, and lists the caller's marker in res when it is set (the
+// Probe's row for it, if any, is replaced).
+func (l *Locker) refreshMarker(ctx context.Context, key, leaseID string, vals map[string]any, res *acquireResult, wait time.Duration) error {
+	kept := res.holders[:0]
+	for _, h := range res.holders {
+		if h.Mode != PendingWriter || h.LeaseID != leaseID {
+			kept = append(kept, h)
+		}
+	}
+	res.holders = kept
+	_, err := l.script(ctx, l.db, []dialect.Stmt{l.st.mark.Stmt}, vals, func(rows *sql.Rows) error {
+		for rows.Next() {
+			var exp, now int64
+			if err := rows.Scan(&exp, &now); err != nil {
+				return err
+			}
+			res.now = time.UnixMicro(now)
+			res.holders = append(res.holders, Holder{Key: key, Mode: PendingWriter, LeaseID: leaseID, Owner: l.cfg.owner, Expiry: time.UnixMicro(exp)})
+		}
+		return rows.Err()
+	}, nil, wait)
+	return err
+}
+
+// runAcquire runs the Acquire script: in autocommit (one round trip on
+// PostgreSQL) until the script refuses the session's isolation level
+// (ErrorIsolation, nothing done), then, for this Locker from then on, in a
+// transaction begun at the dialect's Isolation (SPEC S6).
+func (l *Locker) runAcquire(ctx context.Context, script []dialect.Stmt, vals map[string]any, scan func(*sql.Rows) error, res *acquireResult, wait time.Duration) error {
+	iso := l.st.isolation
+	if iso == sql.LevelDefault || !l.isolated.Load() {
+		_, err := l.script(ctx, l.db, script, vals, scan, nil, wait)
+		if err == nil || iso == sql.LevelDefault || l.d.Classify(err) != dialect.ErrorIsolation {
+			return err
+		}
+		if !l.isolated.Swap(true) {
+			l.cfg.logger.Debug("sqlease: the session's isolation level is not the one acquire needs; acquires run in explicit transactions", "isolation", iso.String(), "err", err)
+		}
+		*res = acquireResult{}
+	}
+	_, err := l.script(ctx, l.db, script, vals, scan, &sql.TxOptions{Isolation: iso}, wait)
+	return err
+}
+
+// uncertain reports whether a failed statement may still have taken effect
+// (its reply was lost: timeout, cancellation, dropped connection), as
+// opposed to failing before it was sent or being refused by the database.
+func (l *Locker) uncertain(err error) bool {
+	var ns *notSentError
+	if errors.As(err, &ns) {
+		return false
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || connFailed(err) ||
+		l.d.Classify(err) == dialect.ErrorConnection
+}
+
+// freshen renews a just-granted lease whose grant was slow, moving the send
+// time and expiry in res.
+func (l *Locker) freshen(ctx context.Context, res *acquireResult, send *time.Time) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.renewTimeout)
+	defer cancel()
+	leave, err := l.enter(rctx)
+	if err != nil {
+		return err
+	}
+	defer leave()
+	t := time.Now()
+	var exp, now int64
+	err = l.renewDB.QueryRowContext(rctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+		"lease_id": res.lease.LeaseID, "token": res.lease.Token, "ttl_us": l.cfg.ttl.Microseconds(),
+	})...).Scan(&exp, &now)
+	if err != nil {
+		return err
+	}
+	*send = t
+	res.lease.Expiry = time.UnixMicro(exp)
+	return nil
+}

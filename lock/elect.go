@@ -1,0 +1,207 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// LeadOption configures one Lead call.
+type LeadOption func(*leadConfig)
+
+type leadConfig struct {
+	started   func(lease *Lease)
+	stopped   func(err error)
+	newLeader func(leader Holder)
+	observe   time.Duration
+	zero      error
+}
+
+// OnStartedLeading calls f with the leader's lease each time this Lead call
+// becomes leader, just before fn runs.
+// A nil f is rejected by Lead (an *InputError matching ErrInvalidInput).
+func OnStartedLeading(f func(lease *Lease)) LeadOption {
+	return func(c *leadConfig) {
+		if f == nil && c.zero == nil {
+			c.zero = inputErr("OnStartedLeading", "nil", "a function; leave the option out instead of passing nil")
+		}
+		c.started = f
+	}
+}
+
+// OnStoppedLeading calls f each time this Lead call stops being leader,
+// after fn has returned and the lease was released: err is nil when fn
+// returned nil, an error matching ErrLeaseLost when leadership was lost
+// (SPEC H3), the context's error when Lead's context ended, or fn's error.
+// A nil f is rejected by Lead (an *InputError matching ErrInvalidInput).
+func OnStoppedLeading(f func(err error)) LeadOption {
+	return func(c *leadConfig) {
+		if f == nil && c.zero == nil {
+			c.zero = inputErr("OnStoppedLeading", "nil", "a function; leave the option out instead of passing nil")
+		}
+		c.stopped = f
+	}
+}
+
+// OnNewLeader calls f each time Lead observes that a different lease leads
+// the key: another process's (seen while campaigning, at most one observe
+// interval late) or this call's own. The Holder is the leader's lease as the
+// database holds it (Owner names the replica, see WithOwner).
+// A nil f is rejected by Lead (an *InputError matching ErrInvalidInput).
+func OnNewLeader(f func(leader Holder)) LeadOption {
+	return func(c *leadConfig) {
+		if f == nil && c.zero == nil {
+			c.zero = inputErr("OnNewLeader", "nil", "a function; leave the option out instead of passing nil")
+		}
+		c.newLeader = f
+	}
+}
+
+// ObserveInterval sets how often a campaigning Lead reads who leads, for
+// OnNewLeader (default TTL/3; positive, at least 10ms). Only used with
+// OnNewLeader; campaigning itself waits with the Locker's backoff (SPEC W2)
+// whatever this interval is.
+func ObserveInterval(d time.Duration) LeadOption {
+	return func(c *leadConfig) {
+		if d < 10*time.Millisecond && c.zero == nil {
+			c.zero = inputErr("observe interval", d.String(), "at least 10ms (leave ObserveInterval out for the default TTL/3)")
+		}
+		c.observe = d
+	}
+}
+
+// leading serializes fn calls of every Lead in this process on one key
+// and namespace, across Lockers. Campaigning is not serialized: only the
+// run of fn, which waits, holding its lease, for the previous fn to return.
+var leading sync.Map // string -> chan struct{} (a one-slot semaphore)
+
+func (l *Locker) leadSlot(key string) chan struct{} {
+	id := l.d.Name() + "\x00" + l.cfg.ns.Channel() + "\x00" + key
+	v, _ := leading.LoadOrStore(id, make(chan struct{}, 1))
+	return v.(chan struct{})
+}
+
+// Lead runs fn whenever this process leads key: leader election on an
+// exclusive lease. It campaigns (a blocking exclusive Acquire, so a crashed
+// leader is replaced within one TTL plus one backoff step, SPEC W2), runs
+// fn under the lease, and after a loss campaigns again, until ctx ends.
+//
+// fn's context ends when ctx ends or leadership is lost; on loss its cause
+// matches ErrLeaseLost (SPEC H3), at the latest when the lease's trusted
+// window ends (SPEC H1), also for a process that was stopped and resumed.
+// fn must return promptly once its context ends, and should guard writes
+// with lease.RunInTx or lease.Token() (SPEC F1, F2): until fn returns, no
+// other fn of this key starts in this process. Within one process, fn calls
+// of every Lead on the same key and namespace never overlap, even through
+// different Lockers; across processes the lease keeps one leader at a time
+// (SPEC S1).
+//
+// Lead returns nil when fn returns nil while still leader (the work is
+// done; the lease is released), fn's error when fn fails while still
+// leader, and an error matching ctx's error (context.Cause) when ctx ends.
+// Database errors while campaigning are logged and retried with backoff.
+// Errors that retrying cannot fix are returned at once: ErrInvalidInput
+// (bad key, nil fn, bad option; SPEC I1), ErrReentrant (this Locker holds
+// key outside Lead), ErrClosed, ErrSchemaNotMigrated.
+func (l *Locker) Lead(ctx context.Context, key string, fn func(ctx context.Context, lease *Lease) error, opts ...LeadOption) error {
+	if ctx == nil {
+		return inputErr("context", "nil", "pass a non-nil context")
+	}
+	if fn == nil {
+		return inputErr("function", "nil", "Lead needs a function to run while leader")
+	}
+	if err := CheckKey(key); err != nil {
+		return err
+	}
+	var c leadConfig
+	for i, o := range opts {
+		if o == nil {
+			return inputErr("lead option", fmt.Sprintf("nil (option %d of %d)", i+1, len(opts)), "a lock.LeadOption such as OnNewLeader(f); leave it out instead of passing nil")
+		}
+		o(&c)
+	}
+	if c.zero != nil {
+		return c.zero
+	}
+	if c.observe == 0 {
+		c.observe = max(l.cfg.ttl/3, 10*time.Millisecond)
+	}
+	slot := l.leadSlot(key)
+	var lastLeader string // lease ID of the last leader reported
+	observe := func(h Holder) {
+		if c.newLeader != nil && h.LeaseID != lastLeader {
+			lastLeader = h.LeaseID
+			c.newLeader(h)
+		}
+	}
+	failures := 0
+	for {
+		if ctx.Err() != nil {
+			return fmt.Errorf("lock: lead %q: %w", key, context.Cause(ctx))
+		}
+		var acOpts []AcquireOption
+		if c.newLeader != nil {
+			acOpts = append(acOpts, WaitTimeout(c.observe))
+		}
+		ran := false
+		err := l.Do(ctx, key, Exclusive, func(fctx context.Context, lease *Lease) error {
+			// One fn at a time per key in this process: wait, holding the
+			// lease, for a previous fn (of a lease lost meanwhile) to return.
+			select {
+			case slot <- struct{}{}:
+			case <-fctx.Done():
+				return context.Cause(fctx)
+			}
+			defer func() { <-slot }()
+			ran = true
+			failures = 0
+			observe(Holder{Key: key, Mode: Exclusive, LeaseID: lease.LeaseID(), Owner: lease.Owner(), Token: lease.Token(), Expiry: lease.Expiry()})
+			if c.started != nil {
+				c.started(lease)
+			}
+			return fn(fctx, lease)
+		}, acOpts...)
+		if ran {
+			if c.stopped != nil {
+				c.stopped(err)
+			}
+			switch {
+			case errors.Is(err, ErrLeaseLost):
+				l.cfg.logger.Info("sqlease: leadership lost; campaigning again", "key", key, "err", err)
+				continue
+			case ctx.Err() != nil:
+				return fmt.Errorf("lock: lead %q: %w", key, context.Cause(ctx))
+			}
+			return err
+		}
+		var locked *LockedError
+		switch {
+		case errors.As(err, &locked):
+			for _, h := range locked.Holders {
+				if h.Mode == Exclusive {
+					observe(h)
+				}
+			}
+			continue
+		case ctx.Err() != nil:
+			return fmt.Errorf("lock: lead %q: %w", key, context.Cause(ctx))
+		case errors.Is(err, ErrLeaseLost): // lost before fn could start
+			continue
+		case errors.Is(err, ErrInvalidInput), errors.Is(err, ErrReentrant), errors.Is(err, ErrClosed), errors.Is(err, ErrSchemaNotMigrated), errors.Is(err, errors.ErrUnsupported):
+			return err
+		}
+		// A database error while campaigning: back off and retry.
+		failures++
+		wait := Backoff(failures, max(l.cfg.maxBackoff, min(l.cfg.ttl, 5*time.Second)))
+		l.cfg.logger.Warn("sqlease: leader campaign failed; retrying", "key", key, "err", err, "retry_in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("lock: lead %q: %w", key, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
