@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -43,8 +44,7 @@ type history struct {
 	ledger []ledgerRow
 	stops  []stopFault
 	// kills lists when each worker was killed (Unix ns): a worker killed
-	// within lossSignalGrace of the end of its stop had no time to log
-	// the loss it noticed on resuming.
+	// after a stop before it asked about its lease never saw the loss.
 	kills map[string][]int64
 	// probers are the workers that were asked for a liveness probe, with
 	// whether they answered; keys and lockers say what each must probe.
@@ -323,8 +323,10 @@ func check(h history) checkResult {
 	}
 
 	// A stop that outlived a held lease's TTL is followed by a loss signal
-	// for that lease (unless its worker was killed before it logged
-	// anything more about it).
+	// for that lease: once resumed, the first time its worker asks (an
+	// answer stamped after the stop ended), the answer is a loss signal.
+	// A worker killed after resuming without having asked is excused; one
+	// that went on without asking (it always asks before a release) is not.
 	for _, s := range h.stops {
 		for _, l := range order {
 			if l.worker != s.Worker || l.grantT >= s.Start || time.Duration(s.End-s.Start) <= l.ttl {
@@ -341,20 +343,33 @@ func check(h history) checkResult {
 				}
 				post = append(post, e)
 			}
-			if !open || len(post) == 0 || h.killedWithin(s.Worker, s.End, lossSignalGrace) {
-				continue // ended before the stop, or its worker was killed
+			if !open || len(post) == 0 {
+				continue // ended before the stop, or nothing logged after it
 			}
-			r.StopsChecked++
+			var answer *event
 			signalled := false
-			for _, e := range post {
+			for i, e := range post {
 				if isLossSignal(e) {
 					signalled = true
 					break
 				}
+				if e.Ev == evHeld && e.T > s.End && answer == nil {
+					answer = &post[i]
+				}
 			}
-			if !signalled {
-				r.add(Violation{RuleLoss, l.key, fmt.Sprintf("%s was stopped for %v holding lease %s (token %d, TTL %v) and saw no loss signal afterwards (next: %s %s)",
-					s.Worker, time.Duration(s.End-s.Start).Round(time.Millisecond), l.id, l.token, l.ttl, post[0].Ev, post[0].Class)})
+			switch {
+			case signalled && answer == nil:
+				r.StopsChecked++
+			case answer != nil:
+				r.StopsChecked++
+				r.add(Violation{RuleLoss, l.key, fmt.Sprintf("%s was stopped for %v holding lease %s (token %d, TTL %v); asked %v after resuming, the lease was reported held (%s)",
+					s.Worker, time.Duration(s.End-s.Start).Round(time.Millisecond), l.id, l.token, l.ttl, time.Duration(answer.T-s.End).Round(time.Millisecond), describe(post, s.End))})
+			case h.killedAfter(s.Worker, s.End):
+				// Killed before it asked.
+			default:
+				r.StopsChecked++
+				r.add(Violation{RuleLoss, l.key, fmt.Sprintf("%s was stopped for %v holding lease %s (token %d, TTL %v) and saw no loss signal afterwards (%s)",
+					s.Worker, time.Duration(s.End-s.Start).Round(time.Millisecond), l.id, l.token, l.ttl, describe(post, s.End))})
 			}
 		}
 	}
@@ -404,18 +419,30 @@ func fmtUS(us int64) string {
 	return time.UnixMicro(us).UTC().Format("15:04:05.000000")
 }
 
-// lossSignalGrace is how long a resumed worker is given to log the loss of
-// a lease its stop outlived before a kill excuses it from the loss-signal
-// check (the watchdog fires at once on resuming; logging it under the race
-// detector on a loaded machine has taken a few hundred milliseconds).
-const lossSignalGrace = time.Second
-
-// killedWithin reports whether worker was killed in [from, from+grace].
-func (h *history) killedWithin(worker string, from int64, grace time.Duration) bool {
+// killedAfter reports whether worker was killed at or after from.
+func (h *history) killedAfter(worker string, from int64) bool {
 	for _, t := range h.kills[worker] {
-		if t >= from && t <= from+int64(grace) {
+		if t >= from {
 			return true
 		}
 	}
 	return false
+}
+
+// describe lists up to six events of a lease with their times relative to
+// ref (the end of a stop), for a violation's detail.
+func describe(evs []event, ref int64) string {
+	var parts []string
+	for i, e := range evs {
+		if i == 6 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(evs)-i))
+			break
+		}
+		p := fmt.Sprintf("%s %+v", e.Ev, time.Duration(e.T-ref).Round(time.Millisecond))
+		if e.Class != "" {
+			p += " " + e.Class
+		}
+		parts = append(parts, p)
+	}
+	return "events after the stop began, relative to its end: " + strings.Join(parts, ", ")
 }

@@ -212,10 +212,29 @@ func TestCheckLossSignal(t *testing.T) {
 	if r.StopsChecked != 1 {
 		t.Errorf("stops checked %d, want 1", r.StopsChecked)
 	}
-	// Killed long after resuming: the missing signal is a violation.
-	b.h.kills = map[string][]int64{"w8": {ns(900) + int64(3*lossSignalGrace)}}
-	if r := check(b.h); r.count() != 1 {
-		t.Errorf("a worker killed long after its stop ended without a loss signal: %d violations, want 1:\n%s", r.count(), rules(r))
+	// Killed long after resuming, without having asked: still excused.
+	b.h.kills = map[string][]int64{"w8": {ns(5000)}}
+	if r := check(b.h); r.count() != 0 {
+		t.Errorf("a worker killed before it asked about its lease: violations:\n%s", rules(r))
+	}
+	// Asked after resuming and was told the lease is held: a violation,
+	// killed afterwards or not.
+	b.ev(event{Ev: evHeld, Worker: "w8", Lease: "i", Key: "k5"}, 1100)
+	if r := check(b.h); r.ViolationsByRule[RuleLoss] != 1 || r.count() != 1 {
+		t.Errorf("a worker told its lease was held after a stop that outlived it: want 1 loss-signal violation, got:\n%s", rules(r))
+	}
+	// An answer stamped before the stop ended was asked before the stop
+	// took effect: not a violation.
+	b = clean()
+	b.grant("w9", "j", "k6", "x", 1, 0, 500)
+	b.h.stops = append(b.h.stops, stopFault{Worker: "w9", Start: ns(100), End: ns(900)})
+	b.ev(event{Ev: evHeld, Worker: "w9", Lease: "j", Key: "k6"}, 101)
+	b.ev(event{Ev: evAck, Worker: "w9", Lease: "j", Key: "k6", WriteID: "x"}, 920)
+	b.h.ledger = append(b.h.ledger, ledgerRow{WriteID: "x", Key: "k6", Token: 1, Lease: "j", Worker: "w9", Mode: "x", N: 1, AtUS: us(101)})
+	b.ev(event{Ev: evWindowEnded, Worker: "w9", Lease: "j", Key: "k6"}, 930)
+	b.release("w9", "j", 940, "ok")
+	if r := check(b.h); r.count() != 0 {
+		t.Errorf("an answer asked before the stop took effect: violations:\n%s", rules(r))
 	}
 }
 

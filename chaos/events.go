@@ -21,6 +21,7 @@ const (
 	evWriteErr    = "write_err"    // RunInTx failed otherwise (Err)
 	evLost        = "lost"         // lease.Err() reported the lease lost (loss signal)
 	evWindowEnded = "window_ended" // Remaining() was 0 before a step (loss signal)
+	evHeld        = "held"         // the worker asked and the lease was still held (T: before it asked)
 	evReleasing   = "releasing"    // Release is about to be called
 	evReleased    = "released"     // Release returned (Class: ok, not_held, error)
 	evProbe       = "probe"        // a liveness probe acquire (OK, WaitMS, Err)
@@ -71,8 +72,11 @@ func openEventLog(path, worker string, inc int) (*eventLog, error) {
 	return &eventLog{f: f, worker: worker, inc: inc}, nil
 }
 
+// log writes e, stamped with the current time unless e.T is already set.
 func (l *eventLog) log(e event) {
-	e.T = time.Now().UnixNano()
+	if e.T == 0 {
+		e.T = time.Now().UnixNano()
+	}
 	e.Worker, e.Inc = l.worker, l.inc
 	b, err := json.Marshal(e)
 	if err != nil {

@@ -301,9 +301,12 @@ func (w *worker) cycle(ctx context.Context, li int, key string, mode lock.Mode) 
 		return
 	}
 	lost := false
-	// signal logs a loss signal if the engine reports one; it reports
-	// whether the lease must no longer be used.
+	// signal asks the engine whether the lease is still held and logs the
+	// answer: a loss signal, or evHeld stamped with the time before it
+	// asked (so a "held" answer stamped after a stop was given after it).
+	// It reports whether the lease must no longer be used.
 	signal := func() bool {
+		asked := time.Now().UnixNano()
 		if exp := le.Expiry(); exp.After(lastExpiry) {
 			lastExpiry = exp
 			e := base
@@ -322,6 +325,9 @@ func (w *worker) cycle(ctx context.Context, li int, key string, mode lock.Mode) 
 			w.log.log(e)
 			return true
 		}
+		e := base
+		e.Ev, e.T = evHeld, asked
+		w.log.log(e)
 		return false
 	}
 	n := 1 + w.rng.IntN(3)
@@ -335,8 +341,13 @@ func (w *worker) cycle(ctx context.Context, li int, key string, mode lock.Mode) 
 		if dwell > 0 {
 			sleepCtx(ctx, time.Duration(w.rng.Int64N(int64(dwell))))
 		}
-		if ctx.Err() != nil || signal() {
+		// Ask even when ctx ended (quiesce): every release follows an
+		// answer, which the loss-signal check relies on.
+		if signal() {
 			lost = true
+			break
+		}
+		if ctx.Err() != nil {
 			break
 		}
 		w.writes++
@@ -377,7 +388,7 @@ func (w *worker) cycle(ctx context.Context, li int, key string, mode lock.Mode) 
 		}
 	}
 	if !lost {
-		signal()
+		lost = signal()
 	}
 	e := base
 	e.Ev = evReleasing
