@@ -234,24 +234,35 @@ const ticketsAhead = `FROM {tickets} t
 WHERE t.lock_key = @key AND t.expires_us > ` + now + ` AND t.ticket_id <> @ticket_id
   AND (t.mode = 'x' OR @mode = 'x') AND t.seq < ` + mySeq
 
+// probeHolder and probeMarker select, for Probe, the live holders that
+// conflict with @mode and the live marker of another waiter of @key.
+const (
+	probeHolder = `h.lock_key = @key AND h.expires_us > ` + now + ` AND (h.mode = 'x' OR @mode = 'x')`
+	probeMarker = `m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id`
+)
+
 // Statements returns the SQLite statement templates.
 func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
 		// A refused poll is one read, without the write lock.
-		Probe: `WITH b AS (
-    SELECT 0 AS granted, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + ` AS now_us
-    FROM {holders} h
-    WHERE h.lock_key = @key AND h.expires_us > ` + now + ` AND (h.mode = 'x' OR @mode = 'x')
-    UNION ALL
-    SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
-    FROM {markers} m
-    WHERE m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id
-)
-SELECT * FROM b
+		//
+		// No CTE and no INSERT ... SELECT on the hot path: SQLite
+		// materializes a CTE read twice, and the SELECT of an INSERT that
+		// reads the target table, into an ephemeral table, which costs
+		// several times the statement itself (a fresh page cache per run).
+		Probe: `SELECT 0 AS granted, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + ` AS now_us
+FROM {holders} h
+WHERE ` + probeHolder + `
 UNION ALL
 SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
 FROM {markers} m
-WHERE m.lock_key = @key AND m.waiter_id = @lease_id AND m.expires_us > ` + now + ` AND EXISTS (SELECT 1 FROM b)`,
+WHERE ` + probeMarker + `
+UNION ALL
+SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
+FROM {markers} m
+WHERE m.lock_key = @key AND m.waiter_id = @lease_id AND m.expires_us > ` + now + `
+  AND (EXISTS (SELECT 1 FROM {holders} h WHERE ` + probeHolder + `)
+    OR EXISTS (SELECT 1 FROM {markers} m WHERE ` + probeMarker + `))`,
 		BeginWrite: "BEGIN IMMEDIATE",
 		Acquire: []string{
 			// Takeover of expired holders and markers of this key.
@@ -387,15 +398,19 @@ SELECT 0, t.ticket_id, 'q', t.owner, t.seq, t.expires_us, ` + now + `
 		// deletes them (and the caller's own marker) in the same
 		// statement. The write lock is taken at the statement's start, so
 		// the checks and the insert see one state (SPEC S1, S3).
-		Grant: `INSERT INTO {holders} (lease_id, lock_key, mode, owner, token, acquired_us, expires_us)
-SELECT @lease_id, @key, @mode, @owner, c.value + 1, ` + now + `, ` + now + ` + @ttl_us
-FROM {counter} c
-WHERE c.id = 1
-  AND @mode IN ('x', 's')
-  AND NOT EXISTS (SELECT 1 FROM {holders} h
-                  WHERE h.lock_key = @key AND h.expires_us > ` + now + ` AND (h.mode = 'x' OR @mode = 'x'))
-  AND NOT EXISTS (SELECT 1 FROM {markers} m
-                  WHERE m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id)
+		// A refused grant inserts nothing: a live conflicting holder or
+		// another waiter's live marker makes mode NULL, a NOT NULL
+		// violation that OR IGNORE turns into "no row" (as it does for a
+		// mode other than 'x' or 's', the CHECK). A single-row VALUES
+		// reads the tables before the insert without an ephemeral copy.
+		Grant: `INSERT OR IGNORE INTO {holders} (lease_id, lock_key, mode, owner, token, acquired_us, expires_us)
+VALUES (@lease_id, @key,
+  CASE WHEN EXISTS (SELECT 1 FROM {holders} h
+                    WHERE h.lock_key = @key AND h.expires_us > ` + now + ` AND (h.mode = 'x' OR @mode = 'x'))
+         OR EXISTS (SELECT 1 FROM {markers} m
+                    WHERE m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id)
+       THEN NULL ELSE @mode END,
+  @owner, (SELECT c.value + 1 FROM {counter} c WHERE c.id = 1), ` + now + `, ` + now + ` + @ttl_us)
 RETURNING 1 AS granted, lease_id, mode, owner, token, expires_us, ` + now + ` AS now_us`,
 		// A marker refresh in one statement: set, refresh, or take over
 		// an expired marker of another waiter.
