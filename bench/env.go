@@ -190,7 +190,9 @@ func (e *env) describe(ctx context.Context) string {
 		return v
 	}
 	if e.isPG() {
-		return s + fmt.Sprintf("; PostgreSQL %s, fsync=%s, synchronous_commit=%s, wal_level=%s", q("SHOW server_version"), q("SHOW fsync"), q("SHOW synchronous_commit"), q("SHOW wal_level"))
+		// autovacuum matters: a hot key's dead rows pile up in its index
+		// until VACUUM (docs/performance.md).
+		return s + fmt.Sprintf("; PostgreSQL %s, fsync=%s, synchronous_commit=%s, wal_level=%s, autovacuum=%s", q("SHOW server_version"), q("SHOW fsync"), q("SHOW synchronous_commit"), q("SHOW wal_level"), q("SHOW autovacuum"))
 	}
 	sync := map[string]string{"0": "OFF", "1": "NORMAL", "2": "FULL", "3": "EXTRA"}[q("PRAGMA synchronous")]
 	return s + fmt.Sprintf("; SQLite %s (mattn/go-sqlite3), journal_mode=%s, synchronous=%s", q("SELECT sqlite_version()"), q("PRAGMA journal_mode"), sync)
