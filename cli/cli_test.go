@@ -281,6 +281,9 @@ func TestMissingSchemaExits2(t *testing.T) {
 	if r.code != 0 || !regexp.MustCompile(`(?m)^1\s+00001_\S+\s+no$`).MatchString(r.stdout) {
 		t.Errorf("migrate status on an empty database: want migration 1 not applied, got %v", r)
 	}
+	if !regexp.MustCompile(`(?m)^database at version 0 of \d+: run ` + "`sqlease migrate up`").MatchString(r.stdout) {
+		t.Errorf("migrate status on an empty database: want a line saying version 0 and to migrate, got %v", r)
+	}
 }
 
 func TestMigrate(t *testing.T) {
@@ -298,6 +301,9 @@ func TestMigrate(t *testing.T) {
 	r = cli(t, "migrate", "status")
 	if r.code != 0 || !regexp.MustCompile(`(?m)^1\s+00001_\S+\s+yes$`).MatchString(r.stdout) {
 		t.Fatalf("migrate status: want migration 1 applied, got %v", r)
+	}
+	if !regexp.MustCompile(`(?m)^database at version (\d+) of (\d+): up to date \(table sqlease_db_version\)$`).MatchString(r.stdout) {
+		t.Fatalf("migrate status: want a line saying the database is up to date, got %v", r)
 	}
 	// A second namespace in the same file is independent.
 	r = cli(t, "migrate", "status", "--prefix", "other_")

@@ -86,7 +86,18 @@ func setupMigrate(fs *flag.FlagSet, out *output) func(context.Context, []string)
 				}
 				fmt.Fprintf(tw, "%d\t%s\t%s\n", s.Version, s.Name, applied)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			switch {
+			case res.Version == res.Latest:
+				fmt.Fprintf(out.stdout, "database at version %d of %d: up to date (table %s)\n", res.Version, res.Latest, res.VersionTable)
+			case res.Version < res.Latest:
+				fmt.Fprintf(out.stdout, "database at version %d of %d: run `sqlease migrate up` (or migrate.Up) before starting a Locker (table %s)\n", res.Version, res.Latest, res.VersionTable)
+			default:
+				fmt.Fprintf(out.stdout, "database at version %d, newer than this build's %d: upgrade sqlease (table %s)\n", res.Version, res.Latest, res.VersionTable)
+			}
+			return nil
 		case "down":
 			applied, err := appliedMigrations(ctx, conn, t.dialect, opt)
 			if err != nil {
