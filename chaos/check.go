@@ -43,9 +43,6 @@ type history struct {
 	events []event
 	ledger []ledgerRow
 	stops  []stopFault
-	// kills lists when each worker was killed (Unix ns): a worker killed
-	// after a stop before it asked about its lease never saw the loss.
-	kills map[string][]int64
 	// probers are the workers that were asked for a liveness probe, with
 	// whether they answered; keys and lockers say what each must probe.
 	probers map[string]bool
@@ -324,9 +321,10 @@ func check(h history) checkResult {
 
 	// A stop that outlived a held lease's TTL is followed by a loss signal
 	// for that lease: once resumed, the first time its worker asks (an
-	// answer stamped after the stop ended), the answer is a loss signal.
-	// A worker killed after resuming without having asked is excused; one
-	// that went on without asking (it always asks before a release) is not.
+	// answer stamped after the stop ended, which the driver stamps before
+	// SIGCONT), the answer is a loss signal. A worker that never asked
+	// after resuming (killed, during the stop or after it, or stopped
+	// between its last answer and the release) has nothing to check.
 	for _, s := range h.stops {
 		for _, l := range order {
 			if l.worker != s.Worker || l.grantT >= s.Start || time.Duration(s.End-s.Start) <= l.ttl {
@@ -343,33 +341,20 @@ func check(h history) checkResult {
 				}
 				post = append(post, e)
 			}
-			if !open || len(post) == 0 {
-				continue // ended before the stop, or nothing logged after it
+			if !open {
+				continue // ended before the stop
 			}
-			var answer *event
-			signalled := false
-			for i, e := range post {
+			for _, e := range post {
 				if isLossSignal(e) {
-					signalled = true
+					r.StopsChecked++
 					break
 				}
-				if e.Ev == evHeld && e.T > s.End && answer == nil {
-					answer = &post[i]
+				if e.Ev == evHeld && e.T > s.End {
+					r.StopsChecked++
+					r.add(Violation{RuleLoss, l.key, fmt.Sprintf("%s was stopped for %v holding lease %s (token %d, TTL %v); asked %v after resuming, the lease was reported held (%s)",
+						s.Worker, time.Duration(s.End-s.Start).Round(time.Millisecond), l.id, l.token, l.ttl, time.Duration(e.T-s.End).Round(time.Millisecond), describe(post, s.End))})
+					break
 				}
-			}
-			switch {
-			case signalled && answer == nil:
-				r.StopsChecked++
-			case answer != nil:
-				r.StopsChecked++
-				r.add(Violation{RuleLoss, l.key, fmt.Sprintf("%s was stopped for %v holding lease %s (token %d, TTL %v); asked %v after resuming, the lease was reported held (%s)",
-					s.Worker, time.Duration(s.End-s.Start).Round(time.Millisecond), l.id, l.token, l.ttl, time.Duration(answer.T-s.End).Round(time.Millisecond), describe(post, s.End))})
-			case h.killedAfter(s.Worker, s.End):
-				// Killed before it asked.
-			default:
-				r.StopsChecked++
-				r.add(Violation{RuleLoss, l.key, fmt.Sprintf("%s was stopped for %v holding lease %s (token %d, TTL %v) and saw no loss signal afterwards (%s)",
-					s.Worker, time.Duration(s.End-s.Start).Round(time.Millisecond), l.id, l.token, l.ttl, describe(post, s.End))})
 			}
 		}
 	}
@@ -417,16 +402,6 @@ func check(h history) checkResult {
 
 func fmtUS(us int64) string {
 	return time.UnixMicro(us).UTC().Format("15:04:05.000000")
-}
-
-// killedAfter reports whether worker was killed at or after from.
-func (h *history) killedAfter(worker string, from int64) bool {
-	for _, t := range h.kills[worker] {
-		if t >= from {
-			return true
-		}
-	}
-	return false
 }
 
 // describe lists up to six events of a lease with their times relative to

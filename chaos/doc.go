@@ -50,9 +50,10 @@
 //     superseded: not after the successor's grant (database time) and not
 //     after the successor's own write (commit order of the key's counter).
 //   - Every acknowledged write is in the ledger.
-//   - A worker stopped for longer than a held lease's TTL reports a loss
-//     signal for it afterwards (lease.Err, RunInTx or Release reporting the
-//     loss, or Remaining 0), unless it was killed first.
+//   - A worker stopped for longer than a held lease's TTL is told of the
+//     loss the first time it asks after resuming (lease.Err, RunInTx or
+//     Release reporting the loss, or Remaining 0): workers log every
+//     answer, and one that says "held" after such a stop is a violation.
 //   - H8: no ErrReentrant for a key the Locker released.
 //   - H9: a blocking acquire (WaitTimeout 2 s) returns within 2.5 s, plus a
 //     1 s grace for a loaded machine, unless its worker was stopped

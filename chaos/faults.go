@@ -102,10 +102,6 @@ func (d *driver) killOne() {
 	}
 	d.mu.Lock()
 	p.killed = true
-	if d.kills == nil {
-		d.kills = map[string][]int64{}
-	}
-	d.kills[p.name] = append(d.kills[p.name], time.Now().UnixNano())
 	d.mu.Unlock()
 	if err := p.cmd.Process.Kill(); err != nil {
 		d.problem("kill %s: %v", p.name, err)
@@ -167,9 +163,12 @@ func (d *driver) stopOne() {
 		case <-d.faultCh:
 		case <-p.exited:
 		}
+		// End is stamped before SIGCONT, as Start is before SIGSTOP: an
+		// event the worker stamps after End was logged after it resumed.
+		end := time.Now().UnixNano()
 		_ = contProcess(p.cmd.Process)
 		d.mu.Lock()
-		st := stopFault{Worker: p.name, Start: p.stopStart, End: time.Now().UnixNano()}
+		st := stopFault{Worker: p.name, Start: p.stopStart, End: end}
 		d.stops = append(d.stops, st)
 		p.stopped = false
 		d.mu.Unlock()

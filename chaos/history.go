@@ -28,7 +28,7 @@ func (d *driver) check(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("chaos: read ledger: %w", err)
 	}
-	h := history{ledger: rows, stops: d.stops, kills: d.kills, probers: d.probers, keys: d.spec.Keys, lockers: d.cfg.Lockers}
+	h := history{ledger: rows, stops: d.stops, probers: d.probers, keys: d.spec.Keys, lockers: d.cfg.Lockers}
 	for i := 0; i < d.cfg.Workers; i++ {
 		evs, bad, err := readEvents(filepath.Join(d.dir, workerName(i)+".jsonl"))
 		if err != nil {

@@ -314,7 +314,6 @@ type driver struct {
 	mu       sync.Mutex
 	procs    map[string]*proc
 	stops    []stopFault
-	kills    map[string][]int64 // worker -> when it was killed (Unix ns)
 	problems []string
 	bg       sync.WaitGroup
 	probers  map[string]bool

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -119,6 +120,37 @@ func matchBackend(dsn string) (Backend, bool, error) {
 }
 
 // dsnHelp describes the DSN forms of the registered backends.
+// dsnForms lists, on one line, the DSN forms each backend recognises.
+func dsnForms() string {
+	var parts []string
+	for _, be := range backendList() {
+		if be.Forms != "" {
+			parts = append(parts, be.Dialect+": "+be.Forms)
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// passwordParam matches a password given as a DSN parameter (keyword/value
+// or URL query form).
+var passwordParam = regexp.MustCompile(`(?i)(password=)('[^']*'|[^\s&]*)`)
+
+// redactDSN hides the user information of dsn (everything before its last
+// "@", after any "scheme://") and any password=... parameter, so an error
+// can quote the rest.
+func redactDSN(dsn string) string {
+	dsn = passwordParam.ReplaceAllString(dsn, "${1}***")
+	at := strings.LastIndex(dsn, "@")
+	if at < 0 {
+		return dsn
+	}
+	prefix := ""
+	if i := strings.Index(dsn, "://"); i >= 0 && i < at {
+		prefix = dsn[:i+3]
+	}
+	return prefix + "***" + dsn[at:]
+}
+
 func dsnHelp() string {
 	var b strings.Builder
 	b.WriteString("The DSN comes from --dsn or $" + dsnEnv + ". The dialect is inferred from its form:\n")

@@ -1217,3 +1217,23 @@ func TestBadInputPostgres(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownDSNNamesIt: a DSN of no known form is quoted (user
+// information hidden) with the forms that are known, on one line, exit 2.
+func TestUnknownDSNNamesIt(t *testing.T) {
+	for _, tc := range []struct{ dsn, want, hidden string }{
+		{"app.txt", `DSN "app.txt"`, ""},
+		{"bob:secret@host/db", `DSN "***@host/db"`, "secret"},
+		{"weird://bob:secret@host/db", `DSN "weird://***@host/db"`, "secret"},
+		{"host=h user=bob password=secret dbname=d", `password=***`, "secret"},
+	} {
+		r := cli(t, "status", "--dsn", tc.dsn)
+		msg := strings.TrimSpace(r.stderr)
+		if r.code != 2 || !strings.Contains(msg, tc.want) || !strings.Contains(msg, "postgres://") || !strings.Contains(msg, "--dialect") || strings.Contains(msg, "\n") {
+			t.Errorf("status --dsn %q: want exit 2 and one line quoting %s with the known forms, got %v", tc.dsn, tc.want, r)
+		}
+		if tc.hidden != "" && strings.Contains(msg, tc.hidden) {
+			t.Errorf("status --dsn %q: the message shows the password: %s", tc.dsn, msg)
+		}
+	}
+}

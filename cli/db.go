@@ -84,7 +84,7 @@ func resolve(dsn, dialectName string) (target, error) {
 		if b, ok, err = matchBackend(dsn); err != nil {
 			return target{}, usageErr("%v", err)
 		} else if !ok {
-			return target{}, usageErr("cannot tell the dialect from the DSN; pass --dialect NAME (registered: %s)\n%s", backendNames(), dsnHelp())
+			return target{}, usageErr("cannot tell the dialect of DSN %q: it has none of the forms %s; pass --dialect NAME (registered: %s)", redactDSN(dsn), dsnForms(), backendNames())
 		}
 	}
 	d, err := dialect.Lookup(b.Dialect)
@@ -121,7 +121,11 @@ func open(ctx context.Context, f *dbFlags, mustExist bool) (*sql.DB, target, err
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		db.Close()
-		return nil, t, usageErr("cannot reach the %s database: %v", t.dialect.Name(), err)
+		where := t.file
+		if where == "" {
+			where = redactDSN(t.dsn)
+		}
+		return nil, t, usageErr("cannot reach the %s database %s: %v", t.dialect.Name(), where, err)
 	}
 	return db, t, nil
 }

@@ -182,7 +182,7 @@ func PostgresIsolationDSN(dsn string, iso sql.IsolationLevel) (string, error) {
 	case sql.LevelSerializable:
 		level = "serializable"
 	default:
-		return "", fmt.Errorf("conftest: PostgreSQL sessions cannot default to %s here: %w", iso, errors.ErrUnsupported)
+		return "", fmt.Errorf("PostgreSQL has no such level: %w", errors.ErrUnsupported)
 	}
 	opt := "-c default_transaction_isolation=" + level
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
@@ -240,7 +240,7 @@ func SQLiteIsolationDSN(dsn string, iso sql.IsolationLevel) (string, error) {
 	if iso == sql.LevelSerializable {
 		return dsn, nil
 	}
-	return "", fmt.Errorf("conftest: SQLite transactions are always serializable, sessions cannot default to %s: %w", iso, errors.ErrUnsupported)
+	return "", fmt.Errorf("SQLite transactions are always serializable: %w", errors.ErrUnsupported)
 }
 
 // MySQLIsolationDSN returns dsn (a go-sql-driver/mysql DSN) with a system
@@ -259,7 +259,7 @@ func MySQLIsolationDSN(dsn string, iso sql.IsolationLevel) (string, error) {
 	case sql.LevelSerializable:
 		level = "SERIALIZABLE"
 	default:
-		return "", fmt.Errorf("conftest: MySQL sessions cannot default to %s here: %w", iso, errors.ErrUnsupported)
+		return "", fmt.Errorf("MySQL has no such level: %w", errors.ErrUnsupported)
 	}
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {

@@ -403,6 +403,10 @@ SELECT 0, t.ticket_id, 'q', t.owner, t.seq, t.expires_us, ` + now + `
 		// violation that OR IGNORE turns into "no row" (as it does for a
 		// mode other than 'x' or 's', the CHECK). A single-row VALUES
 		// reads the tables before the insert without an ephemeral copy.
+		// OR IGNORE would also turn a lease ID that already has a row into
+		// "no row": the engine never sends one (IDs are random and never
+		// reused). TestGrantDifferential compares it with the INSERT ...
+		// SELECT form it replaced.
 		Grant: `INSERT OR IGNORE INTO {holders} (lease_id, lock_key, mode, owner, token, acquired_us, expires_us)
 VALUES (@lease_id, @key,
   CASE WHEN EXISTS (SELECT 1 FROM {holders} h
