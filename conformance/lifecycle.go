@@ -404,13 +404,21 @@ func h2TransientErrorKeepsLease(e *Env) {
 func h2OversizedBatchSplit(e *Env) {
 	ctx := e.Ctx()
 	const (
-		ttl    = 2 * time.Second
-		leases = 240
+		ttl = 2 * time.Second
 		// A lease in a RenewBatch argument is "<32 hex>:<token>" plus
 		// JSON quoting and a comma: at least 36 bytes. The one-lease
 		// Renew statement carries 32.
 		maxBytes = 40 * 36
 	)
+	// A dialect without RenewBatch renews one lease per statement, one
+	// after the other: there is no batch to split, and the case checks
+	// that the faults on oversized statements leave its renewals alone,
+	// with as many leases as one connection renews well within a TTL on
+	// a loaded machine.
+	leases := 240
+	if e.Dialect.Statements().RenewBatch == "" {
+		leases = 40
+	}
 	// A hung batch costs its leases a renew timeout of their windows; a
 	// tenth of the TTL leaves room for the few it takes to find a size
 	// that goes through, on a loaded machine too.

@@ -19,6 +19,11 @@
 //
 // Concurrent migrate.Up calls queue on goose's MySQL table locker, one lock
 // table per namespace (SPEC D1). There are no push wake-ups: waiters poll.
+// There is no batch renewal either: a Locker renews its leases one CALL
+// each, one after the other on one connection, so the leases one Locker
+// holds times the CALL's latency (a few milliseconds on a local server)
+// must stay well below TTL/4, or leases are lost to their trusted window
+// (SPEC H2); hold many leases through several Lockers, or with a longer TTL.
 //
 // Importing the package registers the dialect as "mysql"; it is detected for
 // the github.com/go-sql-driver/mysql driver. A Namespace schema is a MySQL
