@@ -47,6 +47,25 @@ func h9WriteLockHeld(e *Env) {
 	if _, err := tx.ExecContext(ctx, "INSERT INTO "+app+" (n) VALUES (1)"); err != nil {
 		e.T.Fatalf("application write: %v", err)
 	}
+	h9AcquireBothWays(e, l, "the application holds the write lock")
+	if err := tx.Commit(); err != nil {
+		e.T.Fatalf("application commit: %v", err)
+	}
+	h9NoRowsOf(e, l, l.Owner(), "after the application committed", false)
+	got, err := l.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(2*time.Second))
+	if err != nil {
+		e.T.Fatalf("acquire after the application committed: %v", err)
+	}
+	_ = got.Release(ctx)
+}
+
+// h9AcquireBothWays acquires "k" exclusively with l while the key is
+// blocked as while says, once with a 2 s context deadline (want
+// context.DeadlineExceeded) and once with WaitTimeout(2s) (want
+// ErrLocked): each must be refused and return within 2 s + h9Slack.
+func h9AcquireBothWays(e *Env, l *lock.Locker, while string) {
+	e.T.Helper()
+	ctx := e.Ctx()
 	for _, c := range []struct {
 		what string
 		opts []lock.AcquireOption
@@ -62,7 +81,7 @@ func h9WriteLockHeld(e *Env) {
 		took := time.Since(start)
 		cancel()
 		if got != nil {
-			e.T.Errorf("%s: granted while the application holds the write lock", c.what)
+			e.T.Errorf("%s: granted while %s", c.what, while)
 			_ = got.Release(ctx)
 		}
 		if !errors.Is(err, c.want) {
@@ -72,15 +91,6 @@ func h9WriteLockHeld(e *Env) {
 			e.T.Errorf("%s returned after %s, want within 2s + %s", c.what, took, h9Slack)
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		e.T.Fatalf("application commit: %v", err)
-	}
-	h9NoRowsOf(e, l, l.Owner(), "after the application committed", false)
-	got, err := l.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(2*time.Second))
-	if err != nil {
-		e.T.Fatalf("acquire after the application committed: %v", err)
-	}
-	_ = got.Release(ctx)
 }
 
 // h9Slack is the documented bound on how long a blocking acquire may
@@ -190,31 +200,7 @@ func h9TakeoverBlocked(e *Env) {
 	defer stopBusy()
 	le.Orphan() // it expires while the fenced transaction stays open
 	time.Sleep(ttl)
-	for _, c := range []struct {
-		what string
-		opts []lock.AcquireOption
-		ctx  func() (context.Context, context.CancelFunc)
-		want error
-	}{
-		{"Acquire with a 2s context deadline", nil, func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 2*time.Second) }, context.DeadlineExceeded},
-		{"Acquire with WaitTimeout(2s)", []lock.AcquireOption{lock.WaitTimeout(2 * time.Second)}, func() (context.Context, context.CancelFunc) { return context.WithCancel(ctx) }, lock.ErrLocked},
-	} {
-		actx, cancel := c.ctx()
-		start := time.Now()
-		got, err := contender.Acquire(actx, "k", lock.Exclusive, c.opts...)
-		took := time.Since(start)
-		cancel()
-		if got != nil {
-			e.T.Errorf("%s: granted while the fenced transaction holds the expired lease", c.what)
-			_ = got.Release(ctx)
-		}
-		if !errors.Is(err, c.want) {
-			e.T.Errorf("%s = %v, want an error matching %v", c.what, err, c.want)
-		}
-		if took > 2*time.Second+h9Slack {
-			e.T.Errorf("%s returned after %s, want within 2s + %s", c.what, took, h9Slack)
-		}
-	}
+	h9AcquireBothWays(e, contender, "the fenced transaction holds the expired lease")
 	stopBusy()
 	_ = tx.Rollback()
 	time.Sleep(ttl + ttl/2)
