@@ -101,9 +101,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/sqlease/sqlease/conformance"
 	"github.com/sqlease/sqlease/dialect"
@@ -298,7 +300,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, err
+			return nil, dashDashFlags(fs, err)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -310,6 +312,53 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
+}
+
+// flagInErr matches the flag name in the flag package's parse errors
+// ("flag provided but not defined: -x", "invalid value "v" for flag -x:
+// ...", "invalid boolean value "v" for -x: ...", "flag needs an argument:
+// -x"), which print one dash.
+var flagInErr = regexp.MustCompile(`((?:not defined|needs an argument): | for flag | for )-([^-\s:][^\s:]*)`)
+
+// flagParseErr matches the flag package's error for a value of the wrong
+// type, after dashDashFlags' rewrite.
+var flagParseErr = regexp.MustCompile(`for (?:flag )?--([^\s:]+): parse error`)
+
+// dashDashFlags rewrites the flag package's "-name" to "--name", the
+// spelling of sqlease's usage text and docs, and replaces its "parse
+// error" with the kind of value the flag takes.
+func dashDashFlags(fs *flag.FlagSet, err error) error {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	msg := flagInErr.ReplaceAllString(err.Error(), "${1}--${2}")
+	msg = strings.Replace(msg, "flag provided but not defined: ", "unknown flag ", 1)
+	msg = flagParseErr.ReplaceAllStringFunc(msg, func(m string) string {
+		name := flagParseErr.FindStringSubmatch(m)[1]
+		f := fs.Lookup(name)
+		if f == nil {
+			return m
+		}
+		g, ok := f.Value.(flag.Getter)
+		if !ok {
+			return m
+		}
+		want := ""
+		switch g.Get().(type) {
+		case int, int64, uint, uint64:
+			want = "a whole number such as 100"
+		case float64:
+			want = "a number such as 0.5"
+		case time.Duration:
+			want = "a duration such as 500ms, 2s or 1m"
+		case bool:
+			want = "true or false"
+		default:
+			return m
+		}
+		return strings.Replace(m, "parse error", "want "+want, 1)
+	})
+	return errors.New(msg)
 }
 
 func oneLine(s string) string {

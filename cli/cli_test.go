@@ -1237,3 +1237,26 @@ func TestUnknownDSNNamesIt(t *testing.T) {
 		}
 	}
 }
+
+// TestFlagErrorsNameTheFlag: a flag error spells the flag with two dashes
+// as the usage text does, says what kind of value it takes, and an empty
+// --prefix is refused instead of silently meaning the default (SPEC I1).
+func TestFlagErrorsNameTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--bogus"}, "unknown flag --bogus;"},
+		{[]string{"status", "--dsn"}, "flag needs an argument: --dsn;"},
+		{[]string{"sweep", "--limit", "x"}, `invalid value "x" for flag --limit: want a whole number`},
+		{[]string{"check", "--timeout", "5"}, `invalid value "5" for flag --timeout: want a duration such as 500ms`},
+		{[]string{"check", "--full=maybe"}, `invalid boolean value "maybe" for --full: want true or false`},
+		{[]string{"status", "--prefix", ""}, `invalid value "" for flag --prefix: empty; omit --prefix for the default "sqlease_"`},
+		{[]string{"migrate", "status", "-prefix="}, `for flag --prefix: empty`},
+	} {
+		r := cli(t, tc.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, " -"+strings.TrimLeft(tc.args[1], "-")) {
+			t.Errorf("%q: want exit 2 with %q, got %v", tc.args, tc.want, r)
+		}
+	}
+}

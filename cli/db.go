@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
@@ -36,7 +37,14 @@ type nsFlags struct {
 
 func (f *nsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.schema, "schema", "", "`SCHEMA` holding the lock tables (dialects with schemas: PostgreSQL, MySQL database; default: the connection's)")
-	fs.StringVar(&f.prefix, "prefix", "", "table name `PREFIX` of the lock tables (default \""+dialect.DefaultPrefix+"\")")
+	fs.Func("prefix", "table name `PREFIX` of the lock tables (default \""+dialect.DefaultPrefix+"\")", func(v string) error {
+		if v == "" {
+			// An empty prefix would silently mean the default.
+			return fmt.Errorf("empty; omit --prefix for the default %q, or give one such as \"myapp_\"", dialect.DefaultPrefix)
+		}
+		f.prefix = v
+		return nil
+	})
 }
 
 func (f *nsFlags) namespace() dialect.Namespace {
