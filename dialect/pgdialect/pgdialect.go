@@ -215,16 +215,22 @@ RETURNING h.lease_id, {to_us}(h.expires_at) AS expires_us, {to_us}(clock_timesta
 		// so only its process wakes it (SPEC W1); the watch then stays for
 		// the waiters not woken. Otherwise the watch is consumed: the
 		// woken waiters that stay blocked renew it on their attempt.
+		// The other holders and the marker are read only when the key is
+		// watched: an uncontended release reads one watches index entry.
 		Release: `WITH gone AS (
     DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token::bigint = 0)
     RETURNING lock_key
-), st AS (
+), seen AS (
     SELECT g.lock_key,
-           EXISTS (SELECT 1 FROM {watches} w WHERE w.lock_key = g.lock_key AND w.expires_at > clock_timestamp()) AS watched,
-           NOT EXISTS (SELECT 1 FROM {holders} h
-                       WHERE h.lock_key = g.lock_key AND h.lease_id <> @lease_id AND h.expires_at > clock_timestamp()) AS free,
-           (SELECT m.waiter_id FROM {markers} m WHERE m.lock_key = g.lock_key AND m.expires_at > clock_timestamp()) AS marked
+           EXISTS (SELECT 1 FROM {watches} w WHERE w.lock_key = g.lock_key AND w.expires_at > clock_timestamp()) AS watched
     FROM gone g
+), st AS (
+    SELECT s.lock_key, s.watched,
+           s.watched AND NOT EXISTS (SELECT 1 FROM {holders} h
+                       WHERE h.lock_key = s.lock_key AND h.lease_id <> @lease_id AND h.expires_at > clock_timestamp()) AS free,
+           CASE WHEN s.watched
+                THEN (SELECT m.waiter_id FROM {markers} m WHERE m.lock_key = s.lock_key AND m.expires_at > clock_timestamp()) END AS marked
+    FROM seen s
 ), woke AS (
     DELETE FROM {watches} w USING st
     WHERE w.lock_key = st.lock_key AND st.free AND st.marked IS NULL
