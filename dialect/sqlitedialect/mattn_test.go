@@ -3,6 +3,7 @@
 package sqlitedialect_test
 
 import (
+	"context"
 	"testing"
 
 	_ "github.com/mattn/go-sqlite3" // registers "sqlite3" (cgo)
@@ -17,10 +18,31 @@ const mattnAvailable = true
 // TestConformanceMattn runs the whole SPEC suite on SQLite files through
 // github.com/mattn/go-sqlite3 (cgo builds only), at full length unless
 // -short: under the race detector this is the full-length SQLite run
-// (see TestConformance).
+// (see TestConformance). The DSNs turn on mattn's per-connection statement
+// cache (_stmt_cache_size=32), as docs/operations.md recommends for this
+// driver; TestMattnWithoutStatementCache covers the driver's default.
 func TestConformanceMattn(t *testing.T) {
 	cfg := conftest.SQLiteDriver(t.TempDir(), "sqlite3")
+	newDB := cfg.NewDatabase
+	cfg.NewDatabase = func(ctx context.Context, name string) (conformance.Database, error) {
+		db, err := newDB(ctx, name)
+		db.DSN += "&_stmt_cache_size=32"
+		return db, err
+	}
 	cfg.Short = testing.Short()
+	conformance.Run(t, cfg)
+}
+
+// TestMattnWithoutStatementCache runs the suite's short form on mattn's
+// default DSN (no statement cache), so both settings stay covered. It is
+// skipped under the race detector, where the full-length run above takes
+// the time.
+func TestMattnWithoutStatementCache(t *testing.T) {
+	if raceEnabled {
+		t.Skip("race build: TestConformanceMattn covers mattn/go-sqlite3 (with its statement cache); this run of mattn's default DSN is for non-race builds")
+	}
+	cfg := conftest.SQLiteDriver(t.TempDir(), "sqlite3")
+	cfg.Short = true
 	conformance.Run(t, cfg)
 }
 
