@@ -314,51 +314,49 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// flagInErr matches the flag name in the flag package's parse errors
-// ("flag provided but not defined: -x", "invalid value "v" for flag -x:
-// ...", "invalid boolean value "v" for -x: ...", "flag needs an argument:
-// -x"), which print one dash.
-var flagInErr = regexp.MustCompile(`((?:not defined|needs an argument): | for flag | for )-([^-\s:][^\s:]*)`)
-
-// flagParseErr matches the flag package's error for a value of the wrong
-// type, after dashDashFlags' rewrite.
-var flagParseErr = regexp.MustCompile(`for (?:flag )?--([^\s:]+): parse error`)
+// The flag package's parse errors name the flag with one dash, after the
+// value the user gave (quoted with %q) where there is one.
+var (
+	flagUndefined = regexp.MustCompile(`^flag provided but not defined: -(\S+)$`)
+	flagNoArg     = regexp.MustCompile(`^flag needs an argument: -(\S+)$`)
+	flagBadValue  = regexp.MustCompile(`^invalid (boolean )?value ("(?:[^"\\]|\\.)*") for (flag )?-([^\s:]+): (.*)$`)
+)
 
 // dashDashFlags rewrites the flag package's "-name" to "--name", the
-// spelling of sqlease's usage text and docs, and replaces its "parse
-// error" with the kind of value the flag takes.
+// spelling of sqlease's usage text and docs, without touching the value
+// the user gave, and replaces its "parse error" with the kind of value the
+// flag takes.
 func dashDashFlags(fs *flag.FlagSet, err error) error {
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return err
 	}
-	msg := flagInErr.ReplaceAllString(err.Error(), "${1}--${2}")
-	msg = strings.Replace(msg, "flag provided but not defined: ", "unknown flag ", 1)
-	msg = flagParseErr.ReplaceAllStringFunc(msg, func(m string) string {
-		name := flagParseErr.FindStringSubmatch(m)[1]
-		f := fs.Lookup(name)
-		if f == nil {
-			return m
+	msg := err.Error()
+	if m := flagUndefined.FindStringSubmatch(msg); m != nil {
+		return errors.New("unknown flag --" + m[1])
+	}
+	if m := flagNoArg.FindStringSubmatch(msg); m != nil {
+		return errors.New("flag needs an argument: --" + m[1])
+	}
+	m := flagBadValue.FindStringSubmatch(msg)
+	if m == nil {
+		return err
+	}
+	why := m[5]
+	if f := fs.Lookup(m[4]); f != nil && why == "parse error" {
+		if g, ok := f.Value.(flag.Getter); ok {
+			switch g.Get().(type) {
+			case int, int64, uint, uint64:
+				why = "want a whole number"
+			case float64:
+				why = "want a number"
+			case time.Duration:
+				why = "want a duration: a number with a unit (ms, s, m, h), such as 30s or 2m"
+			case bool:
+				why = "want true or false"
+			}
 		}
-		g, ok := f.Value.(flag.Getter)
-		if !ok {
-			return m
-		}
-		want := ""
-		switch g.Get().(type) {
-		case int, int64, uint, uint64:
-			want = "a whole number such as 100"
-		case float64:
-			want = "a number such as 0.5"
-		case time.Duration:
-			want = "a duration such as 500ms, 2s or 1m"
-		case bool:
-			want = "true or false"
-		default:
-			return m
-		}
-		return strings.Replace(m, "parse error", "want "+want, 1)
-	})
-	return errors.New(msg)
+	}
+	return fmt.Errorf("invalid %svalue %s for %s--%s: %s", m[1], m[2], m[3], m[4], why)
 }
 
 func oneLine(s string) string {

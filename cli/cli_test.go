@@ -1247,16 +1247,23 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 		want string
 	}{
 		{[]string{"status", "--bogus"}, "unknown flag --bogus;"},
+		{[]string{"migrate", "status", "--bogus"}, "unknown flag --bogus;"},
 		{[]string{"status", "--dsn"}, "flag needs an argument: --dsn;"},
-		{[]string{"sweep", "--limit", "x"}, `invalid value "x" for flag --limit: want a whole number`},
-		{[]string{"check", "--timeout", "5"}, `invalid value "5" for flag --timeout: want a duration such as 500ms`},
-		{[]string{"check", "--full=maybe"}, `invalid boolean value "maybe" for --full: want true or false`},
+		{[]string{"sweep", "--limit", "x"}, `invalid value "x" for flag --limit: want a whole number;`},
+		{[]string{"sweep", "--limit", "99999999999999999999"}, `for flag --limit: value out of range;`},
+		// The user's value is quoted as given, dashes and all.
+		{[]string{"sweep", "--limit", "x for -dsn"}, `invalid value "x for -dsn" for flag --limit: want a whole number;`},
+		{[]string{"check", "--timeout", "5"}, `invalid value "5" for flag --timeout: want a duration: a number with a unit (ms, s, m, h)`},
+		{[]string{"check", "--full=maybe"}, `invalid boolean value "maybe" for --full: want true or false;`},
 		{[]string{"status", "--prefix", ""}, `invalid value "" for flag --prefix: empty; omit --prefix for the default "sqlease_"`},
 		{[]string{"migrate", "status", "-prefix="}, `for flag --prefix: empty`},
+		{[]string{"status", "--schema", ""}, `invalid value "" for flag --schema: empty; omit --schema for the connection's default schema`},
 	} {
 		r := cli(t, tc.args...)
-		if r.code != 2 || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, " -"+strings.TrimLeft(tc.args[1], "-")) {
-			t.Errorf("%q: want exit 2 with %q, got %v", tc.args, tc.want, r)
+		// No flag named with one dash outside the quoted value.
+		outside := regexp.MustCompile(`"(?:[^"\\]|\\.)*"`).ReplaceAllString(r.stderr, `""`)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) || regexp.MustCompile(`(^|[\s:])-[a-z]`).MatchString(outside) {
+			t.Errorf("%q: want exit 2 with %q and no single-dash flag, got %v", tc.args, tc.want, r)
 		}
 	}
 }

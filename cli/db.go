@@ -36,10 +36,17 @@ type nsFlags struct {
 }
 
 func (f *nsFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.schema, "schema", "", "`SCHEMA` holding the lock tables (dialects with schemas: PostgreSQL, MySQL database; default: the connection's)")
+	// An empty --schema or --prefix (an unset shell variable, say) would
+	// silently mean the default: refused (SPEC I1).
+	fs.Func("schema", "`SCHEMA` holding the lock tables (dialects with schemas: PostgreSQL, MySQL database; default: the connection's)", func(v string) error {
+		if v == "" {
+			return errors.New("empty; omit --schema for the connection's default schema, or name one")
+		}
+		f.schema = v
+		return nil
+	})
 	fs.Func("prefix", "table name `PREFIX` of the lock tables (default \""+dialect.DefaultPrefix+"\")", func(v string) error {
 		if v == "" {
-			// An empty prefix would silently mean the default.
 			return fmt.Errorf("empty; omit --prefix for the default %q, or give one such as \"myapp_\"", dialect.DefaultPrefix)
 		}
 		f.prefix = v
