@@ -136,6 +136,9 @@ const (
 type exitError struct {
 	code int
 	err  error
+	// hint: the message ends with "; run 'sqlease help <command>'" (a
+	// bad argument, as for a bad flag).
+	hint bool
 }
 
 func (e *exitError) Error() string { return e.err.Error() }
@@ -145,6 +148,12 @@ func (e *exitError) Unwrap() error { return e.err }
 // database, lock tables that are not migrated.
 func usageErr(format string, args ...any) error {
 	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+// argErr is a usage error about a positional argument: its message ends
+// with the command's help hint, as a flag error's does.
+func argErr(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...), hint: true}
 }
 
 // errFailed is an error that exits with code 1 without a message of its
@@ -243,6 +252,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	name := args[0]
 	switch name {
 	case "help", "-h", "-help", "--help":
+		if name == "help" && len(args) > 2 {
+			fmt.Fprintf(stderr, "sqlease help: unexpected argument %q; run 'sqlease help'\n", args[2])
+			return exitUsage
+		}
+		if name == "help" && len(args) > 1 && args[1] == "help" {
+			fmt.Fprintf(stdout, "Usage: sqlease help [command]\n\nShow help for every command, or for one.\n")
+			return exitOK
+		}
 		if name == "help" && len(args) > 1 {
 			c, ok := lookupCommand(args[1])
 			if !ok || c.setup == nil {
@@ -288,6 +305,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		code = exitUsage
 	}
 	if msg := oneLine(err.Error()); msg != "" {
+		if ee != nil && ee.hint {
+			msg += "; run 'sqlease help " + c.name + "'"
+		}
 		fmt.Fprintf(stderr, "sqlease %s: %s\n", c.name, msg)
 	}
 	return code

@@ -167,6 +167,9 @@ func TestHelp(t *testing.T) {
 			}
 		}
 	}
+	if r := cli(t, "help", "help"); r.code != 0 || !strings.HasPrefix(r.stdout, "Usage: sqlease help [command]") {
+		t.Errorf("help help: want its usage line, exit 0; got %v", r)
+	}
 	for _, args := range [][]string{{"help", "sweep"}, {"sweep", "--help"}} {
 		r := cli(t, args...)
 		if r.code != 0 || !strings.Contains(r.stdout, "  --limit N\n") || !strings.Contains(r.stdout, "(default 1000)") {
@@ -214,8 +217,10 @@ func TestBadUsageExits2(t *testing.T) {
 		{[]string{"sweep", "--dsn", path, "--limit", "0"}, "--limit"},
 		{[]string{"sweep", "--dsn", path, "--limit", "-5"}, "--limit"},
 		{[]string{"sweep", "--dsn", path, "--schema", "app"}, "schema"},
-		{[]string{"migrate", "sideways", "--dsn", path}, `unknown action "sideways"`},
-		{[]string{"migrate", "up", "extra", "--dsn", path}, "unexpected argument"},
+		{[]string{"migrate", "sideways", "--dsn", path}, `unknown action "sideways": want up, status or down; run 'sqlease help migrate'`},
+		{[]string{"migrate", "up", "extra", "--dsn", path}, `unexpected argument "extra"; run 'sqlease help migrate'`},
+		{[]string{"status", "extra"}, `unexpected argument "extra"; run 'sqlease help status'`},
+		{[]string{"help", "status", "extra"}, `sqlease help: unexpected argument "extra"; run 'sqlease help'`},
 		// Key prefixes are validated like keys (lock.CheckKeyPrefix).
 		{[]string{"status", "--dsn", path, "--key", "\xff\xfe"}, `invalid --key "\xff\xfe": is not valid UTF-8`},
 		{[]string{"status", "--dsn", path, "--key", "a\x00b"}, "contains NUL"},

@@ -236,7 +236,7 @@ func inputUsageErr(err error) error {
 // noArgs rejects positional arguments of a command that takes none.
 func noArgs(args []string) error {
 	if len(args) > 0 {
-		return usageErr("unexpected argument %q", args[0])
+		return argErr("unexpected argument %q", args[0])
 	}
 	return nil
 }

@@ -48,10 +48,10 @@ func setupMigrate(fs *flag.FlagSet, out *output) func(context.Context, []string)
 			action = args[0]
 		}
 		if len(args) > 1 {
-			return usageErr("unexpected argument %q", args[1])
+			return argErr("unexpected argument %q", args[1])
 		}
 		if action != "up" && action != "status" && action != "down" {
-			return usageErr("unknown action %q: want up, status or down", action)
+			return argErr("unknown action %q: want up, status or down", action)
 		}
 		// up may create a SQLite file; status and down only use an
 		// existing one.
