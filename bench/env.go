@@ -102,9 +102,8 @@ func setup(ctx context.Context, cfg config) (*env, error) {
 // busy timeout and mattn/go-sqlite3's per-connection statement cache, as
 // docs/operations.md recommends for that driver (synchronous stays the
 // driver's default, NORMAL). The raw baseline runs on the same DSN. Without
-// the cache mattn compiles every statement on every call: measured in one
-// run, sqlease's TryAcquire+Release went from 2,031 to 5,098 ops/s with it,
-// the raw lease's from 8,920 to 13,124.
+// the cache mattn compiles every statement on every call (docs/performance.md,
+// "Current status", has the runs with and without it).
 func sqliteDSN(path string) string {
 	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000&_stmt_cache_size=32"
 }

@@ -1244,8 +1244,9 @@ func TestUnknownDSNNamesIt(t *testing.T) {
 }
 
 // TestFlagErrorsNameTheFlag: a flag error spells the flag with two dashes
-// as the usage text does, says what kind of value it takes, and an empty
-// --prefix is refused instead of silently meaning the default (SPEC I1).
+// as the usage text does, says what kind of value it takes, never changes
+// the value the user gave, and an empty --prefix or --schema is refused
+// instead of silently meaning the default (SPEC I1).
 func TestFlagErrorsNameTheFlag(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
