@@ -98,14 +98,14 @@ func setup(ctx context.Context, cfg config) (*env, error) {
 	return e, nil
 }
 
-// sqliteDSN is the DSN of the bench's SQLite file: WAL journal, a 10 s
+// sqliteDSN is the DSN of the bench's SQLite file: WAL journal, a 5 s
 // busy timeout and mattn/go-sqlite3's per-connection statement cache, as
 // docs/operations.md recommends for that driver (synchronous stays the
 // driver's default, NORMAL). The raw baseline runs on the same DSN. Without
 // the cache mattn compiles every statement on every call (docs/performance.md,
 // "Current status", has the runs with and without it).
 func sqliteDSN(path string) string {
-	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000&_stmt_cache_size=32"
+	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000&_stmt_cache_size=32"
 }
 
 // open opens a pool on dsn (see sizePool).

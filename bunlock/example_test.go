@@ -28,7 +28,7 @@ func Example() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "bunlock-example")
 	defer os.RemoveAll(dir)
-	sqldb, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=10000")
+	sqldb, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
 	if err != nil {
 		panic(err)
 	}

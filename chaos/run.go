@@ -495,7 +495,7 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 			}
 		}
 		path := filepath.Join(d.dir, "chaos.db")
-		adminDSN = "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000"
+		adminDSN = "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000"
 		workerDSN = adminDSN
 	case "postgres":
 		d.logf("starting a private PostgreSQL cluster")

@@ -88,7 +88,7 @@ func init() {
 // sqliteBusyTimeoutMS is added to SQLite DSNs that set no busy timeout, so
 // the tool waits for the application's writers instead of failing with
 // SQLITE_BUSY.
-const sqliteBusyTimeoutMS = 10000
+const sqliteBusyTimeoutMS = 5000
 
 // sqliteDSN turns a sqlite:PATH or sqlite://PATH DSN into one
 // modernc.org/sqlite (and mattn/go-sqlite3) accept, adds a busy timeout when none is set, and

@@ -52,7 +52,7 @@ func benchTargets(b *testing.B) []benchTarget {
 	ctx := context.Background()
 	path := filepath.Join(b.TempDir(), "bench.db")
 	out := []benchTarget{benchOpen(b, "sqlite", sqlitedialect.New(), "sqlite3",
-		"file:"+path+"?_journal_mode=WAL&_busy_timeout=10000", dialect.Namespace{})}
+		"file:"+path+"?_journal_mode=WAL&_busy_timeout=5000", dialect.Namespace{})}
 	dsn := os.Getenv("SQLEASE_POSTGRES_DSN")
 	if dsn == "" {
 		b.Log("SQLEASE_POSTGRES_DSN is not set: PostgreSQL benchmarks skipped")

@@ -163,9 +163,18 @@ func (l *Locker) writeConn(ctx context.Context, db *sql.DB, wait time.Duration) 
 	}, nil
 }
 
+// lockWaitSlack is how far past ctx's deadline the pool's own lock-wait
+// bound may end and still be left alone: the statement's wait then ends at
+// most this much late, well inside H9's documented slack (500 ms), and a
+// release under the default 5 s release timeout on a pool with a 5 s busy
+// timeout (mattn's default, the DSN the docs recommend) sends no lock-wait
+// statements (SPEC H5, H9).
+const lockWaitSlack = 100 * time.Millisecond
+
 // lockWaitEndsInTime reports whether the pool's own lock-wait bound
 // (dialect.LockWaitReader, read once per Locker) ends before ctx's
-// deadline, so that no SetLockWait is needed for a statement under ctx.
+// deadline plus lockWaitSlack, so that no SetLockWait is needed for a
+// statement under ctx.
 func (l *Locker) lockWaitEndsInTime(ctx context.Context, conn *sql.Conn) bool {
 	r, ok := l.d.(dialect.LockWaitReader)
 	if !ok {
@@ -184,5 +193,5 @@ func (l *Locker) lockWaitEndsInTime(ctx context.Context, conn *sql.Conn) bool {
 		v = int64(d) + 1
 		l.lockWait.Store(v)
 	}
-	return time.Duration(v-1) <= time.Until(deadline)
+	return time.Duration(v-1) <= time.Until(deadline)+lockWaitSlack
 }

@@ -22,7 +22,7 @@ func ExampleUp() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=10000")
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -43,9 +43,9 @@ func ExampleUp() {
 	_, err = migrate.Up(ctx, db, nil, migrate.WithNamespace(dialect.Namespace{Schema: "locks"}))
 	fmt.Println(err)
 	// Output:
-	// applied: [00001_lock_tables.sql 00002_fifo_tickets.sql 00003_takeover_trigger.sql] <nil>
+	// applied: [00001_lock_tables.sql 00002_fifo_tickets.sql 00003_takeover_trigger.sql 00004_holders_without_rowid.sql] <nil>
 	// again: [] <nil>
-	// version: 3 of 3 <nil>
+	// version: 4 of 4 <nil>
 	// app_ namespace: <nil>
 	// migrate: invalid schema "locks": dialect "sqlite" has no schemas (only dialects with CapSchemas, such as postgres, do); use a table prefix instead
 }
@@ -59,7 +59,7 @@ func ExampleDrop() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=10000")
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -79,10 +79,11 @@ func ExampleDrop() {
 	applied, err := migrate.Up(ctx, db, nil)
 	fmt.Println("applied again:", applied, err)
 	// Output:
+	// down 00004_holders_without_rowid.sql true
 	// down 00003_takeover_trigger.sql true
 	// down 00002_fifo_tickets.sql true
 	// down 00001_lock_tables.sql true
-	// reverted: [00003_takeover_trigger.sql 00002_fifo_tickets.sql 00001_lock_tables.sql] <nil>
+	// reverted: [00004_holders_without_rowid.sql 00003_takeover_trigger.sql 00002_fifo_tickets.sql 00001_lock_tables.sql] <nil>
 	// version: 0 <nil>
-	// applied again: [00001_lock_tables.sql 00002_fifo_tickets.sql 00003_takeover_trigger.sql] <nil>
+	// applied again: [00001_lock_tables.sql 00002_fifo_tickets.sql 00003_takeover_trigger.sql 00004_holders_without_rowid.sql] <nil>
 }

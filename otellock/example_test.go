@@ -35,7 +35,7 @@ func ExampleNew() {
 
 	dir, _ := os.MkdirTemp("", "otellock-example")
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=10000")
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
 	if err != nil {
 		panic(err)
 	}

@@ -26,7 +26,7 @@ func Example() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "sqlxlock-example")
 	defer os.RemoveAll(dir)
-	db, err := sqlx.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=10000")
+	db, err := sqlx.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
 	if err != nil {
 		panic(err)
 	}

@@ -37,9 +37,10 @@ import (
 )
 
 // SQLiteDSN returns the DSN sqlease uses for a SQLite file: WAL journal and a
-// 10 s busy timeout.
+// 5 s busy timeout (mattn/go-sqlite3's default, and no longer than the
+// default release timeout, so a release needs no lock-wait statements).
 func SQLiteDSN(path string) string {
-	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000"
+	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000"
 }
 
 // SQLite returns a Config that gives every case a new SQLite file in dir,

@@ -14,9 +14,9 @@ import (
 	"github.com/sqlease/sqlease/conformance"
 )
 
-// DSN is the go-sqlite3 DSN of a database file: WAL journal, 10 s busy
+// DSN is the go-sqlite3 DSN of a database file: WAL journal, 5 s busy
 // timeout.
-func DSN(path string) string { return "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000" }
+func DSN(path string) string { return "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000" }
 
 // Config is the conformance configuration of the example dialect: every
 // case gets a new database file in dir, removed after the case.
