@@ -21,11 +21,14 @@ type LockWaiter interface {
 
 // LockWaitReader is optional for LockWaiter dialects: LockWait reports
 // conn's current bound on a lock wait (SQLite: PRAGMA busy_timeout). The
-// engine reads it once per Locker, assuming every connection of the pool
-// has the same bound (the DSN's), and skips SetLockWait (and its restore)
-// when that bound already ends before the statement's deadline: an
-// uncontended acquire then sends no lock-wait statements (SPEC H9 still
-// holds, since the driver's wait ends in time by itself).
+// engine reads it once per Locker and pool (the main pool and WithRenewDB's
+// may differ), assuming every connection of one pool has the same bound
+// (the DSN's), and skips SetLockWait (and its restore) when that bound
+// ends in time by itself: by the write's deadline plus 100 ms (an acquire
+// with a deadline, a release, a renewal's renew timeout), or within the
+// statement timeout for an acquire whose context can be cancelled. An
+// uncontended acquire or release then sends no lock-wait statements
+// (SPEC H5, H7, H9 still hold, since the driver's wait ends in time).
 // When the bound is needed, the engine sets it with PutLockWait and puts
 // the pool's bound back the same way: two statements instead of
 // SetLockWait's three.

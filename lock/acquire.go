@@ -570,6 +570,28 @@ type ticketArgs struct {
 	us int64
 }
 
+// acquireBounds returns the timeout and the lock wait of one acquire
+// attempt: the statement timeout, cut to the deadline hard (when set) plus
+// acquireCancelGrace; lock waits end by hard plus lockWaitSlack (SPEC H9),
+// and when the caller can cancel they are waits of maxLockWait, so a
+// cancellation is seen between them, unless the pool's own bound ends
+// within the statement timeout (a cancel then waits for the pool's bound:
+// docs/operations.md). Without either, the connection's lock wait is left
+// alone.
+func acquireBounds(stmtTimeout time.Duration, hard time.Time, callerCancels bool) (time.Duration, lockWait) {
+	timeout := stmtTimeout
+	var wait lockWait
+	if callerCancels {
+		wait = lockWait{bound: maxLockWait, until: time.Now().Add(timeout)}
+	}
+	if !hard.IsZero() {
+		left := time.Until(hard)
+		timeout = min(timeout, max(left, 0)+acquireCancelGrace)
+		wait = lockWait{bound: min(maxLockWait, max(left, time.Millisecond)), until: hard.Add(lockWaitSlack)}
+	}
+	return timeout, wait
+}
+
 // acquireOnce runs the Acquire script once (with tk, the AcquireFIFO
 // script). The statement runs on a context
 // detached from ctx (bounded by the statement timeout, and by hard plus a
@@ -581,16 +603,7 @@ type ticketArgs struct {
 // a Probe and Grant, and a refused poll is the Probe, plus Mark when the
 // marker is due.
 func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID string, markerUS, watchUS int64, tk *ticketArgs, hard time.Time, first, callerCancels bool) (acquireResult, error) {
-	timeout := l.cfg.stmtTimeout
-	wait := time.Duration(0) // 0: leave the connection's lock wait alone
-	if callerCancels {
-		wait = maxLockWait
-	}
-	if !hard.IsZero() {
-		left := time.Until(hard)
-		timeout = min(timeout, max(left, 0)+acquireCancelGrace)
-		wait = min(maxLockWait, max(left, time.Millisecond))
-	}
+	timeout, wait := acquireBounds(l.cfg.stmtTimeout, hard, callerCancels)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	// When the caller gives up, let the statement finish for a moment, then
@@ -685,7 +698,7 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 // refreshMarker runs the Mark statement for a waiter the Probe found
 // blocked, and lists the caller's marker in res when it is set (the
 // Probe's row for it, if any, is replaced).
-func (l *Locker) refreshMarker(ctx context.Context, key, leaseID string, vals map[string]any, res *acquireResult, wait time.Duration) error {
+func (l *Locker) refreshMarker(ctx context.Context, key, leaseID string, vals map[string]any, res *acquireResult, wait lockWait) error {
 	kept := res.holders[:0]
 	for _, h := range res.holders {
 		if h.Mode != PendingWriter || h.LeaseID != leaseID {
@@ -711,7 +724,7 @@ func (l *Locker) refreshMarker(ctx context.Context, key, leaseID string, vals ma
 // PostgreSQL) until the script refuses the session's isolation level
 // (ErrorIsolation, nothing done), then, for this Locker from then on, in a
 // transaction begun at the dialect's Isolation (SPEC S6).
-func (l *Locker) runAcquire(ctx context.Context, script []dialect.Stmt, vals map[string]any, scan func(*sql.Rows) error, res *acquireResult, wait time.Duration) error {
+func (l *Locker) runAcquire(ctx context.Context, script []dialect.Stmt, vals map[string]any, scan func(*sql.Rows) error, res *acquireResult, wait lockWait) error {
 	iso := l.st.isolation
 	if iso == sql.LevelDefault || !l.isolated.Load() {
 		_, err := l.script(ctx, l.db, script, vals, scan, nil, wait)

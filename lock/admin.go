@@ -85,7 +85,7 @@ func (l *Locker) Sweep(ctx context.Context, limit int) (int64, error) {
 	}
 	var n int64
 	err := l.retryTransient(ctx, l.cfg.stmtTimeout, func(ctx context.Context) (err error) {
-		n, err = l.script(ctx, l.db, l.st.sweep, map[string]any{"limit": int64(limit)}, scan, nil, 0)
+		n, err = l.script(ctx, l.db, l.st.sweep, map[string]any{"limit": int64(limit)}, scan, nil, lockWait{})
 		if scan != nil {
 			n = counted
 		}

@@ -374,11 +374,7 @@ func (le *Lease) Release(ctx context.Context) error {
 	var n int64
 	err := l.retryTransient(rctx, 0, func(ctx context.Context) error {
 		var err error
-		wait := maxLockWait
-		if d, ok := ctx.Deadline(); ok {
-			wait = min(wait, max(time.Until(d), time.Millisecond))
-		}
-		n, err = l.releaseRows(ctx, le.id, le.token, wait)
+		n, err = l.releaseRows(ctx, le.id, le.token)
 		if err != nil && l.uncertain(err) {
 			unsure = true
 		}

@@ -117,9 +117,9 @@ type Locker struct {
 	// isolated: the Acquire script refused the session's isolation level
 	// once; it now always runs in a transaction at st.isolation (SPEC S6).
 	isolated atomic.Bool
-	// lockWait caches the pool's lock-wait bound (dialect.LockWaitReader)
-	// plus one; zero: not read yet.
-	lockWait atomic.Int64
+	// lockWaits caches each pool's own lock-wait bound
+	// (dialect.LockWaitReader): *sql.DB -> time.Duration.
+	lockWaits sync.Map
 
 	mu     sync.Mutex
 	active map[string]*heldKey // key -> this Locker's leases and acquires of it (W4, W5)

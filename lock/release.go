@@ -61,18 +61,14 @@ func (l *Locker) undo(ctx context.Context, key, leaseID string, grant, marker bo
 // flag once done.
 func (l *Locker) undoOnce(ctx context.Context, key, leaseID string, grant, marker *bool) error {
 	return l.retryTransient(ctx, 0, func(ctx context.Context) error {
-		wait := maxLockWait
-		if d, ok := ctx.Deadline(); ok {
-			wait = min(wait, max(time.Until(d), time.Millisecond))
-		}
 		if *grant {
-			if _, err := l.releaseRows(ctx, leaseID, 0, wait); err != nil {
+			if _, err := l.releaseRows(ctx, leaseID, 0); err != nil {
 				return err
 			}
 			*grant = false
 		}
 		if *marker {
-			if err := l.deleteMarker(ctx, key, leaseID, wait); err != nil {
+			if err := l.deleteMarker(ctx, key, leaseID); err != nil {
 				return err
 			}
 			*marker = false
@@ -82,9 +78,9 @@ func (l *Locker) undoOnce(ctx context.Context, key, leaseID string, grant, marke
 }
 
 // releaseRows runs the Release statement and returns how many holder rows
-// it deleted; wait bounds its lock waits (see writeConn).
-func (l *Locker) releaseRows(ctx context.Context, leaseID string, token int64, wait time.Duration) (int64, error) {
-	conn, done, err := l.writeConn(ctx, l.db, wait)
+// it deleted; its lock waits end by ctx's deadline (waitUntil).
+func (l *Locker) releaseRows(ctx context.Context, leaseID string, token int64) (int64, error) {
+	conn, done, err := l.writeConn(ctx, l.db, waitUntil(ctx))
 	if err != nil {
 		return 0, err
 	}
@@ -114,7 +110,7 @@ func (l *Locker) dequeue(ctx context.Context, key, ticketID string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoGrace)
 	defer cancel()
 	err := l.retryTransient(rctx, 0, func(ctx context.Context) error {
-		conn, done, err := l.writeConn(ctx, l.db, max(time.Until(deadlineOf(ctx)), time.Millisecond))
+		conn, done, err := l.writeConn(ctx, l.db, waitUntil(ctx))
 		if err != nil {
 			return err
 		}
@@ -135,9 +131,10 @@ func deadlineOf(ctx context.Context) time.Time {
 	return d
 }
 
-// deleteMarker runs the ClearMarker statement.
-func (l *Locker) deleteMarker(ctx context.Context, key, leaseID string, wait time.Duration) error {
-	conn, done, err := l.writeConn(ctx, l.db, wait)
+// deleteMarker runs the ClearMarker statement; its lock waits end by
+// ctx's deadline (waitUntil).
+func (l *Locker) deleteMarker(ctx context.Context, key, leaseID string) error {
+	conn, done, err := l.writeConn(ctx, l.db, waitUntil(ctx))
 	if err != nil {
 		return err
 	}

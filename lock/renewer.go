@@ -274,8 +274,11 @@ func (l *Locker) renewConn(leases []*Lease) (*sql.Conn, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(window, time.Millisecond))
 	defer cancel()
 	// The renew timeout bounds the statement's lock waits too, also where
-	// the driver's busy handler ignores the context (dialect.LockWaiter).
-	return l.writeConn(ctx, l.renewDB, l.renewTimeoutFor(leases))
+	// the driver's busy handler ignores the context (dialect.LockWaiter):
+	// the renew pool's own bound is left alone only when it ends within
+	// lockWaitSlack of the renew timeout.
+	rt := l.renewTimeoutFor(leases)
+	return l.writeConn(ctx, l.renewDB, lockWait{bound: rt, until: time.Now().Add(rt + lockWaitSlack)})
 }
 
 // renewOn renews leases through conn: one RenewBatch statement, or one

@@ -6,17 +6,19 @@ package lock
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
 )
 
-// script runs statements in order on one connection (see writeConn; wait
+// script runs statements in order on one connection (see writeConn; lw
 // bounds its lock waits): one alone in autocommit, several in one write
 // transaction; with txOpts, always in a transaction begun with them. With
 // scan, the last statement is a query whose rows scan reads; otherwise it
 // returns the last statement's RowsAffected.
-func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, vals map[string]any, scan func(*sql.Rows) error, txOpts *sql.TxOptions, wait time.Duration) (int64, error) {
+func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, vals map[string]any, scan func(*sql.Rows) error, txOpts *sql.TxOptions, lw lockWait) (int64, error) {
 	type runner interface {
 		ExecContext(context.Context, string, ...any) (sql.Result, error)
 		QueryContext(context.Context, string, ...any) (*sql.Rows, error)
@@ -46,7 +48,7 @@ func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, v
 		}
 		return affected, nil
 	}
-	conn, done, err := l.writeConn(ctx, db, wait)
+	conn, done, err := l.writeConn(ctx, db, lw)
 	if err != nil {
 		return 0, err
 	}
@@ -66,9 +68,9 @@ func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, v
 		n, err := run(tx)
 		if err != nil {
 			_ = tx.Rollback()
-			return 0, err
+			return 0, txDone(ctx, err)
 		}
-		return n, tx.Commit()
+		return n, txDone(ctx, tx.Commit())
 	}
 	if _, err := conn.ExecContext(ctx, begin); err != nil {
 		if ctx.Err() != nil || l.uncertain(err) {
@@ -90,6 +92,19 @@ func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, v
 		return 0, err
 	}
 	return n, nil
+}
+
+// txDone reports a transaction that database/sql ended because ctx ended
+// (sql.ErrTxDone from a statement or Commit after it rolled back) as ctx's
+// error, wrapping both: the caller then treats the outcome as unknown
+// (uncertain) and retries or undoes it like any cancelled statement,
+// instead of failing the acquire with ErrTxDone (seen under load with
+// sessions defaulting to REPEATABLE READ, SPEC S6).
+func txDone(ctx context.Context, err error) error {
+	if err != nil && errors.Is(err, sql.ErrTxDone) && ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", ctx.Err(), err)
+	}
+	return err
 }
 
 // rollbackOrDiscard ends conn's transaction, if any, with a ROLLBACK on a
@@ -117,11 +132,43 @@ func (e *notSentError) Error() string { return e.err.Error() }
 
 func (e *notSentError) Unwrap() error { return e.err }
 
+// lockWait says how one engine write may wait for a database lock in a
+// handler its context cannot interrupt (dialect.LockWaiter: SQLite's busy
+// handler). The pool's own bound (dialect.LockWaitReader, read once per
+// pool) is left alone when it ends by until; otherwise the connection's
+// bound is set to bound for the statement and restored afterwards. A zero
+// bound leaves the connection alone; a zero until always sets it.
+type lockWait struct {
+	bound time.Duration
+	until time.Time
+}
+
+// lockWaitSlack is how far past a write's deadline the pool's own
+// lock-wait bound may end and still be left alone: the wait then ends at
+// most this much late, well inside H9's documented slack (500 ms), and a
+// release under the default 5 s release timeout on a pool with a 5 s busy
+// timeout (mattn's default, the DSN the docs recommend) sends no lock-wait
+// statements (SPEC H5, H9).
+const lockWaitSlack = 100 * time.Millisecond
+
+// waitUntil is the lockWait of a write that must end by ctx's deadline
+// and may be cut short by nothing else (release, undo, clearing a marker
+// or a ticket): waits of at most maxLockWait (the engine retries after),
+// or the pool's own bound when it ends within lockWaitSlack of the
+// deadline. Without a deadline the bound is always set.
+func waitUntil(ctx context.Context) lockWait {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return lockWait{bound: maxLockWait}
+	}
+	return lockWait{bound: min(maxLockWait, max(time.Until(d), time.Millisecond)), until: d.Add(lockWaitSlack)}
+}
+
 // writeConn takes the write gate and a connection of db for an engine
-// statement. On a dialect.LockWaiter dialect, a positive wait bounds the
-// connection's lock waits until done, which restores them (or discards the
+// statement. On a dialect.LockWaiter dialect it bounds the connection's
+// lock waits as lw says until done, which restores them (or discards the
 // connection) and leaves the gate. Its errors are *notSentError.
-func (l *Locker) writeConn(ctx context.Context, db *sql.DB, wait time.Duration) (*sql.Conn, func(), error) {
+func (l *Locker) writeConn(ctx context.Context, db *sql.DB, lw lockWait) (*sql.Conn, func(), error) {
 	leave, err := l.enter(ctx)
 	if err != nil {
 		return nil, nil, &notSentError{err}
@@ -132,14 +179,18 @@ func (l *Locker) writeConn(ctx context.Context, db *sql.DB, wait time.Duration) 
 		return nil, nil, &notSentError{err}
 	}
 	var restore func(context.Context) error
-	if lw, ok := l.d.(dialect.LockWaiter); ok && wait > 0 && !l.lockWaitEndsInTime(ctx, conn) {
-		if r, ok := l.d.(dialect.LockWaitReader); ok && l.lockWait.Load() > 0 {
+	if w, ok := l.d.(dialect.LockWaiter); ok && lw.bound > 0 {
+		pool, known := l.poolLockWait(ctx, db, conn)
+		r, reader := l.d.(dialect.LockWaitReader)
+		switch {
+		case known && !lw.until.IsZero() && pool <= time.Until(lw.until):
+			// The pool's own bound ends in time: leave it.
+		case known && reader:
 			// The pool's bound is known: set ours, and put it back.
-			pool := time.Duration(l.lockWait.Load() - 1)
-			err = r.PutLockWait(ctx, conn, wait)
+			err = r.PutLockWait(ctx, conn, lw.bound)
 			restore = func(ctx context.Context) error { return r.PutLockWait(ctx, conn, pool) }
-		} else {
-			restore, err = lw.SetLockWait(ctx, conn, wait)
+		default:
+			restore, err = w.SetLockWait(ctx, conn, lw.bound)
 		}
 		if err != nil {
 			_ = conn.Raw(func(any) error { return errBadConn })
@@ -163,35 +214,21 @@ func (l *Locker) writeConn(ctx context.Context, db *sql.DB, wait time.Duration) 
 	}, nil
 }
 
-// lockWaitSlack is how far past ctx's deadline the pool's own lock-wait
-// bound may end and still be left alone: the statement's wait then ends at
-// most this much late, well inside H9's documented slack (500 ms), and a
-// release under the default 5 s release timeout on a pool with a 5 s busy
-// timeout (mattn's default, the DSN the docs recommend) sends no lock-wait
-// statements (SPEC H5, H9).
-const lockWaitSlack = 100 * time.Millisecond
-
-// lockWaitEndsInTime reports whether the pool's own lock-wait bound
-// (dialect.LockWaitReader, read once per Locker) ends before ctx's
-// deadline plus lockWaitSlack, so that no SetLockWait is needed for a
-// statement under ctx.
-func (l *Locker) lockWaitEndsInTime(ctx context.Context, conn *sql.Conn) bool {
+// poolLockWait returns db's own lock-wait bound (dialect.LockWaitReader),
+// read through conn the first time and cached per pool (the main pool and
+// WithRenewDB's may differ), and whether it is known.
+func (l *Locker) poolLockWait(ctx context.Context, db *sql.DB, conn *sql.Conn) (time.Duration, bool) {
 	r, ok := l.d.(dialect.LockWaitReader)
 	if !ok {
-		return false
+		return 0, false
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		return false
+	if v, ok := l.lockWaits.Load(db); ok {
+		return v.(time.Duration), true
 	}
-	v := l.lockWait.Load()
-	if v == 0 {
-		d, err := r.LockWait(ctx, conn)
-		if err != nil {
-			return false
-		}
-		v = int64(d) + 1
-		l.lockWait.Store(v)
+	d, err := r.LockWait(ctx, conn)
+	if err != nil {
+		return 0, false
 	}
-	return time.Duration(v-1) <= time.Until(deadline)+lockWaitSlack
+	l.lockWaits.Store(db, d)
+	return d, true
 }
