@@ -178,23 +178,7 @@ func gooseProvider(t *testing.T, db *sql.DB, d dialect.Dialect, ns dialect.Names
 // holderRows returns every row of the holder table, in lease ID order.
 func holderRows(t *testing.T, db *sql.DB, holders string) []string {
 	t.Helper()
-	rows, err := db.Query(`SELECT lease_id || '|' || lock_key || '|' || mode || '|' || owner || '|' || token || '|' || acquired_us || '|' || expires_us FROM ` + holders + ` ORDER BY lease_id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return queryStrings(t, db, `SELECT lease_id || '|' || lock_key || '|' || mode || '|' || owner || '|' || token || '|' || acquired_us || '|' || expires_us FROM `+holders+` ORDER BY lease_id`)
 }
 
 // tableSQL returns the CREATE statement of table name.
@@ -211,8 +195,14 @@ func tableSQL(t *testing.T, db *sql.DB, name string) string {
 // "type name", sorted (automatic indexes of constraints left out).
 func schemaObjects(t *testing.T, db *sql.DB, table string) []string {
 	t.Helper()
-	rows, err := db.Query(`SELECT type || ' ' || name FROM sqlite_schema
+	return queryStrings(t, db, `SELECT type || ' ' || name FROM sqlite_schema
 WHERE tbl_name = ? AND type IN ('index', 'trigger') AND sql IS NOT NULL ORDER BY 1`, table)
+}
+
+// queryStrings runs q and returns its one text column, row by row.
+func queryStrings(t *testing.T, db *sql.DB, q string, args ...any) []string {
+	t.Helper()
+	rows, err := db.Query(q, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
