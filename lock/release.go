@@ -125,12 +125,6 @@ func (l *Locker) dequeue(ctx context.Context, key, ticketID string) {
 	hubWake(l.cfg.ns.Channel(), key, "")
 }
 
-// deadlineOf returns ctx's deadline (the zero time without one).
-func deadlineOf(ctx context.Context) time.Time {
-	d, _ := ctx.Deadline()
-	return d
-}
-
 // deleteMarker runs the ClearMarker statement; its lock waits end by
 // ctx's deadline (waitUntil).
 func (l *Locker) deleteMarker(ctx context.Context, key, leaseID string) error {

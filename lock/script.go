@@ -181,12 +181,13 @@ func (l *Locker) writeConn(ctx context.Context, db *sql.DB, lw lockWait) (*sql.C
 	var restore func(context.Context) error
 	if w, ok := l.d.(dialect.LockWaiter); ok && lw.bound > 0 {
 		pool, known := l.poolLockWait(ctx, db, conn)
-		r, reader := l.d.(dialect.LockWaitReader)
 		switch {
 		case known && !lw.until.IsZero() && pool <= time.Until(lw.until):
 			// The pool's own bound ends in time: leave it.
-		case known && reader:
-			// The pool's bound is known: set ours, and put it back.
+		case known:
+			// The pool's bound is known (so the dialect is a
+			// LockWaitReader): set ours, and put it back.
+			r := l.d.(dialect.LockWaitReader)
 			err = r.PutLockWait(ctx, conn, lw.bound)
 			restore = func(ctx context.Context) error { return r.PutLockWait(ctx, conn, pool) }
 		default:
