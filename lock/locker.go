@@ -112,6 +112,7 @@ type Locker struct {
 	renewDB *sql.DB
 	d       dialect.Dialect
 	cfg     config
+	channel string // cfg.ns.Channel(): the release notification channel
 	st      statements
 
 	// isolated: the Acquire script refused the session's isolation level
@@ -136,11 +137,13 @@ type Locker struct {
 	// renewer state (renewer.go)
 	rmu      sync.Mutex
 	rheap    leaseHeap
-	rrunning bool
-	rlimit   int       // leases per renewal batch now (see adaptBatch)
-	rshrunk  time.Time // when rlimit last shrank
-	rdone    chan struct{}
-	rwake    chan struct{}
+	rtimer   *time.Timer   // runs renewer; nil until the first lease
+	rarmed   time.Time     // when rtimer fires; zero: not armed
+	rbusy    bool          // a renewer run is in progress
+	rstopped bool          // Close stopped the renewer
+	rdone    chan struct{} // closed when the current (or last) run ends
+	rlimit   int           // leases per renewal batch now (see adaptBatch)
+	rshrunk  time.Time     // when rlimit last shrank
 
 	sweepStop chan struct{}
 	sweepDone chan struct{}
@@ -195,7 +198,7 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 	if err := cfg.finish(d); err != nil {
 		return nil, err
 	}
-	l := &Locker{db: db, renewDB: db, d: d, cfg: cfg, active: map[string]*heldKey{}, leases: map[*Lease]struct{}{}, rwake: make(chan struct{}, 1), rlimit: renewBatchSize}
+	l := &Locker{db: db, renewDB: db, d: d, cfg: cfg, channel: cfg.ns.Channel(), active: map[string]*heldKey{}, leases: map[*Lease]struct{}{}, rlimit: renewBatchSize}
 	l.closing, l.closeNow = context.WithCancelCause(context.Background())
 	if cfg.renewDB != nil {
 		l.renewDB = cfg.renewDB
@@ -407,16 +410,8 @@ func (l *Locker) Close(ctx context.Context) error {
 	case <-cleaned:
 	case <-ctx.Done():
 	}
-	// Wait for the renewer to see that no lease is left.
-	l.rmu.Lock()
-	running, done := l.rrunning, l.rdone
-	l.rmu.Unlock()
-	if running {
-		select {
-		case <-done:
-		case <-ctx.Done():
-		}
-	}
+	// No renewal starts after Close returns (a run in progress ends).
+	l.stopRenewer(ctx)
 	return errors.Join(errs...)
 }
 

@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// The renewer is one goroutine per Locker, running while the Locker holds
-// leases. It renews every lease due (TTL/3 after its last successful acquire
+// The renewer runs on one timer per Locker, armed for the earliest lease
+// due. It renews every lease due (TTL/3 after its last successful acquire
 // or renew) in batches: one RenewBatch statement per batch of up to
 // renewBatchSize leases, so a Locker holding 10,000 leases sends a handful
 // of statements per renewal interval (4 or 5, plus SQLite's two busy-timeout
@@ -19,6 +19,12 @@ import (
 // timeout). A lease whose renewal failed is retried with backoff until its
 // trusted window ends (SPEC H2); a lease the database no longer has is lost
 // at once.
+//
+// Scheduling a lease starts no goroutine and wakes none: it re-arms the
+// timer only when the lease is due before the time the timer is armed for.
+// A goroutine runs only when the timer fires, and only one at a time (an
+// acquire + release of a short lease costs no scheduler work; bench
+// figures exclusive.1c and exclusive.8c, docs/performance.md).
 
 const renewBatchSize = 2500
 
@@ -44,31 +50,51 @@ func (h *leaseHeap) Pop() any {
 	return le
 }
 
-// schedule (re)queues le for renewal at at, starting the renewer if needed.
+// schedule (re)queues le for renewal at at, arming the renewer's timer for
+// it when it is the earliest.
 func (l *Locker) schedule(le *Lease, at time.Time) {
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
 	le.renewing = true
+	l.queueLocked(le, at)
+	l.armLocked()
+}
+
+// queueLocked puts le in the heap at at (l.rmu held).
+func (l *Locker) queueLocked(le *Lease, at time.Time) {
 	le.nextAt = at
 	if le.heapIndex >= 0 && le.heapIndex < len(l.rheap) && l.rheap[le.heapIndex] == le {
 		heap.Fix(&l.rheap, le.heapIndex)
 	} else {
 		heap.Push(&l.rheap, le)
 	}
-	if !l.rrunning {
-		l.rrunning = true
-		l.rdone = make(chan struct{})
-		go l.renewer(l.rdone)
+}
+
+// armLocked makes sure the renewer runs when the earliest lease is due:
+// it resets the timer when that lease is due before the timer is armed
+// for (l.rmu held). A running renewer re-arms the timer itself when it
+// finds nothing more due; after Close nothing is armed.
+func (l *Locker) armLocked() {
+	if l.rbusy || l.rstopped || len(l.rheap) == 0 {
+		return
 	}
-	select {
-	case l.rwake <- struct{}{}:
-	default:
+	at := l.rheap[0].nextAt
+	if !l.rarmed.IsZero() && !at.Before(l.rarmed) {
+		return
 	}
+	l.rarmed = at
+	if l.rtimer == nil {
+		l.rtimer = time.AfterFunc(time.Until(at), l.renewer)
+		return
+	}
+	l.rtimer.Reset(time.Until(at))
 }
 
 // unschedule stops renewing le (Release, loss, Orphan). It returns a
 // channel closed when a renewal of le already on its way to the database
-// has finished, or nil when there is none.
+// has finished, or nil when there is none. The timer stays armed: when it
+// fires for a lease no longer queued, the renewer finds nothing due and
+// re-arms it for the next one.
 func (l *Locker) unschedule(le *Lease) <-chan struct{} {
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
@@ -76,41 +102,26 @@ func (l *Locker) unschedule(le *Lease) <-chan struct{} {
 	inflight := le.inflight
 	if le.heapIndex >= 0 && le.heapIndex < len(l.rheap) && l.rheap[le.heapIndex] == le {
 		heap.Remove(&l.rheap, le.heapIndex)
-		if len(l.rheap) == 0 {
-			// Let the renewer see the empty heap and exit now.
-			select {
-			case l.rwake <- struct{}{}:
-			default:
-			}
-		}
 	}
 	return inflight
 }
 
-func (l *Locker) renewer(done chan struct{}) {
-	defer close(done)
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
-	for {
-		l.rmu.Lock()
-		if len(l.rheap) == 0 {
-			l.rrunning = false
-			l.rmu.Unlock()
-			return
-		}
-		wait := time.Until(l.rheap[0].nextAt)
+// renewer runs when the timer fires. It renews the leases due in batches
+// until none is due, then re-arms the timer for the earliest lease left.
+// One runs at a time: a run that finds another running leaves (the
+// running one re-reads the heap before it ends).
+func (l *Locker) renewer() {
+	l.rmu.Lock()
+	if l.rbusy || l.rstopped {
 		l.rmu.Unlock()
-		if wait > 0 {
-			t.Reset(wait)
-			select {
-			case <-t.C:
-			case <-l.rwake:
-				if !t.Stop() {
-					<-t.C
-				}
-				continue
-			}
-		}
+		return
+	}
+	l.rbusy, l.rarmed = true, time.Time{}
+	done := make(chan struct{})
+	l.rdone = done
+	l.rmu.Unlock()
+	defer close(done)
+	for {
 		// Take every lease due now, or within TTL/12, so that leases
 		// acquired over a few seconds share a batch: a lease is renewed
 		// at most TTL/12 early (after TTL/4 instead of TTL/3), and a
@@ -127,9 +138,31 @@ func (l *Locker) renewer(done chan struct{}) {
 				due = append(due, le)
 			}
 		}
+		if len(due) == 0 {
+			l.rbusy = false
+			l.armLocked()
+			l.rmu.Unlock()
+			return
+		}
 		l.rmu.Unlock()
-		if len(due) > 0 {
-			l.renewBatch(due)
+		l.renewBatch(due)
+	}
+}
+
+// stopRenewer disarms the timer and waits, until ctx ends, for a renewer
+// run in progress (Close, after it released every lease).
+func (l *Locker) stopRenewer(ctx context.Context) {
+	l.rmu.Lock()
+	l.rstopped = true
+	if l.rtimer != nil {
+		l.rtimer.Stop()
+	}
+	busy, done := l.rbusy, l.rdone
+	l.rmu.Unlock()
+	if busy {
+		select {
+		case <-done:
+		case <-ctx.Done():
 		}
 	}
 }
@@ -234,12 +267,7 @@ func (l *Locker) requeue(le *Lease, at time.Time) {
 	if !le.renewing {
 		return
 	}
-	le.nextAt = at
-	if le.heapIndex >= 0 && le.heapIndex < len(l.rheap) && l.rheap[le.heapIndex] == le {
-		heap.Fix(&l.rheap, le.heapIndex)
-	} else {
-		heap.Push(&l.rheap, le)
-	}
+	l.queueLocked(le, at)
 }
 
 // renewTimeoutFor bounds a renewal statement: the renew timeout, and never
