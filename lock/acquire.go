@@ -419,7 +419,7 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID strin
 				// wakes it alone instead of every process's choice.
 				stopWaiting()
 				stopListening()
-				hubWake(l.cfg.ns.Channel(), key, "")
+				hubWake(l.channel, key, "")
 			}
 			return l.newLease(key, mode, res, send, activeID), nil
 		} else {
@@ -479,7 +479,7 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID strin
 				// to it, in case it is in this process and missed the
 				// release (its marker may have committed just after the
 				// release looked for one).
-				hubWake(l.cfg.ns.Channel(), key, claim)
+				hubWake(l.channel, key, claim)
 			}
 			limit := l.cfg.maxBackoff
 			sleep := Backoff(attempt, limit)
@@ -624,27 +624,25 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 		}
 	}
 	var res acquireResult
-	scan := func(rows *sql.Rows) error {
-		for rows.Next() {
-			var granted bool
-			var h Holder
-			var m string
-			var exp, now int64
-			if err := rows.Scan(&granted, &h.LeaseID, &m, &h.Owner, &h.Token, &exp, &now); err != nil {
-				return err
-			}
-			h.Key, h.Mode, h.Expiry = key, modeFromCode(m), time.UnixMicro(exp)
-			res.now = time.UnixMicro(now)
-			if granted {
-				if h.LeaseID != leaseID {
-					return fmt.Errorf("lock: dialect %q granted lease %q, asked for %q", l.d.Name(), h.LeaseID, leaseID)
-				}
-				res.granted, res.lease, res.grantedAt = true, h, h.Expiry.Add(-l.cfg.ttl)
-			} else {
-				res.holders = append(res.holders, h)
-			}
+	scan := func(row rowScanner) error {
+		var granted bool
+		var h Holder
+		var m string
+		var exp, now int64
+		if err := row.Scan(&granted, &h.LeaseID, &m, &h.Owner, &h.Token, &exp, &now); err != nil {
+			return err
 		}
-		return rows.Err()
+		h.Key, h.Mode, h.Expiry = key, modeFromCode(m), time.UnixMicro(exp)
+		res.now = time.UnixMicro(now)
+		if granted {
+			if h.LeaseID != leaseID {
+				return fmt.Errorf("lock: dialect %q granted lease %q, asked for %q", l.d.Name(), h.LeaseID, leaseID)
+			}
+			res.granted, res.lease, res.grantedAt = true, h, h.Expiry.Add(-l.cfg.ttl)
+		} else {
+			res.holders = append(res.holders, h)
+		}
+		return nil
 	}
 	fast := tk == nil && l.st.grant.ok && watchUS == 0
 	grant := func() (bool, error) {
@@ -665,12 +663,10 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 	if probe.ok && watchUS == 0 && (markerUS == 0 || mark) {
 		// Read-only first: a refused poll writes nothing (but the marker
 		// when it is due, in one statement).
-		rows, err := l.db.QueryContext(sctx, probe.SQL, probe.Args(vals)...)
+		conn, err := l.db.Conn(sctx)
 		if err == nil {
-			err = scan(rows)
-			if cerr := rows.Close(); err == nil {
-				err = cerr
-			}
+			err = queryConn(sctx, conn, probe.SQL, probe.Args(vals), scan)
+			_ = conn.Close()
 		}
 		if err != nil {
 			return res, err
@@ -706,16 +702,14 @@ func (l *Locker) refreshMarker(ctx context.Context, key, leaseID string, vals ma
 		}
 	}
 	res.holders = kept
-	_, err := l.script(ctx, l.db, []dialect.Stmt{l.st.mark.Stmt}, vals, func(rows *sql.Rows) error {
-		for rows.Next() {
-			var exp, now int64
-			if err := rows.Scan(&exp, &now); err != nil {
-				return err
-			}
-			res.now = time.UnixMicro(now)
-			res.holders = append(res.holders, Holder{Key: key, Mode: PendingWriter, LeaseID: leaseID, Owner: l.cfg.owner, Expiry: time.UnixMicro(exp)})
+	_, err := l.script(ctx, l.db, []dialect.Stmt{l.st.mark.Stmt}, vals, func(row rowScanner) error {
+		var exp, now int64
+		if err := row.Scan(&exp, &now); err != nil {
+			return err
 		}
-		return rows.Err()
+		res.now = time.UnixMicro(now)
+		res.holders = append(res.holders, Holder{Key: key, Mode: PendingWriter, LeaseID: leaseID, Owner: l.cfg.owner, Expiry: time.UnixMicro(exp)})
+		return nil
 	}, nil, wait)
 	return err
 }
@@ -724,7 +718,7 @@ func (l *Locker) refreshMarker(ctx context.Context, key, leaseID string, vals ma
 // PostgreSQL) until the script refuses the session's isolation level
 // (ErrorIsolation, nothing done), then, for this Locker from then on, in a
 // transaction begun at the dialect's Isolation (SPEC S6).
-func (l *Locker) runAcquire(ctx context.Context, script []dialect.Stmt, vals map[string]any, scan func(*sql.Rows) error, res *acquireResult, wait lockWait) error {
+func (l *Locker) runAcquire(ctx context.Context, script []dialect.Stmt, vals map[string]any, scan func(rowScanner) error, res *acquireResult, wait lockWait) error {
 	iso := l.st.isolation
 	if iso == sql.LevelDefault || !l.isolated.Load() {
 		_, err := l.script(ctx, l.db, script, vals, scan, nil, wait)

@@ -5,7 +5,6 @@ package lock
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -70,24 +69,26 @@ func (l *Locker) Sweep(ctx context.Context, limit int) (int64, error) {
 	if len(l.st.sweep) == 0 {
 		return 0, fmt.Errorf("lock: sweep: dialect %q: %w", l.d.Name(), errors.ErrUnsupported)
 	}
-	var scan func(*sql.Rows) error
+	var scan func(rowScanner) error
 	var counted int64
+	var rows int
 	if l.st.sweepReturnsCount {
-		scan = func(rows *sql.Rows) error {
-			if !rows.Next() {
-				if err := rows.Err(); err != nil {
-					return err
-				}
-				return fmt.Errorf("dialect %q: the Sweep script returned no count row", l.d.Name())
+		scan = func(row rowScanner) error {
+			if rows++; rows > 1 {
+				return nil
 			}
-			return rows.Scan(&counted)
+			return row.Scan(&counted)
 		}
 	}
 	var n int64
 	err := l.retryTransient(ctx, l.cfg.stmtTimeout, func(ctx context.Context) (err error) {
+		rows = 0
 		n, err = l.script(ctx, l.db, l.st.sweep, map[string]any{"limit": int64(limit)}, scan, nil, lockWait{})
 		if scan != nil {
 			n = counted
+			if err == nil && rows == 0 {
+				err = fmt.Errorf("dialect %q: the Sweep script returned no count row", l.d.Name())
+			}
 		}
 		return err
 	})

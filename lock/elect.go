@@ -78,7 +78,7 @@ func ObserveInterval(d time.Duration) LeadOption {
 var leading sync.Map // string -> chan struct{} (a one-slot semaphore)
 
 func (l *Locker) leadSlot(key string) chan struct{} {
-	id := l.d.Name() + "\x00" + l.cfg.ns.Channel() + "\x00" + key
+	id := l.d.Name() + "\x00" + l.channel + "\x00" + key
 	v, _ := leading.LoadOrStore(id, make(chan struct{}, 1))
 	return v.(chan struct{})
 }

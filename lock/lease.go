@@ -402,7 +402,7 @@ func (le *Lease) Release(ctx context.Context) error {
 	if !wasLost {
 		le.cancel(ErrReleased)
 	}
-	hubWake(l.cfg.ns.Channel(), le.key, "")
+	hubWake(l.channel, le.key, "")
 	l.emit(Event{Kind: EventReleaseOK, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start)})
 	return nil
 }

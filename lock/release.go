@@ -85,21 +85,14 @@ func (l *Locker) releaseRows(ctx context.Context, leaseID string, token int64) (
 		return 0, err
 	}
 	defer done()
-	rows, err := conn.QueryContext(ctx, l.st.release.SQL, l.st.release.Args(map[string]any{
-		"lease_id": leaseID, "token": token, "channel": l.cfg.ns.Channel(),
-	})...)
+	var n int64
+	err = queryConn(ctx, conn, l.st.release.SQL, l.st.release.Args(map[string]any{
+		"lease_id": leaseID, "token": token, "channel": l.channel,
+	}), func(rowScanner) error { n++; return nil })
 	if err != nil {
 		return 0, err
 	}
-	defer rows.Close()
-	var n int64
-	for rows.Next() {
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		return 0, err
-	}
-	return n, rows.Close()
+	return n, nil
 }
 
 // dequeue deletes the FIFO ticket ticketID of key when its waiter gives up
@@ -122,7 +115,7 @@ func (l *Locker) dequeue(ctx context.Context, key, ticketID string) {
 		l.cfg.logger.Debug("sqlease: deleting a FIFO ticket failed; it ends by expiry", "key", key, "ticket_id", ticketID, "err", err)
 		return
 	}
-	hubWake(l.cfg.ns.Channel(), key, "")
+	hubWake(l.channel, key, "")
 }
 
 // deleteMarker runs the ClearMarker statement; its lock waits end by

@@ -16,9 +16,10 @@ import (
 // script runs statements in order on one connection (see writeConn; lw
 // bounds its lock waits): one alone in autocommit, several in one write
 // transaction; with txOpts, always in a transaction begun with them. With
-// scan, the last statement is a query whose rows scan reads; otherwise it
-// returns the last statement's RowsAffected.
-func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, vals map[string]any, scan func(*sql.Rows) error, txOpts *sql.TxOptions, lw lockWait) (int64, error) {
+// scan, the last statement is a query and scan is called for each of its
+// rows (a statement alone is read straight from the driver: queryConn);
+// otherwise it returns the last statement's RowsAffected.
+func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, vals map[string]any, scan func(rowScanner) error, txOpts *sql.TxOptions, lw lockWait) (int64, error) {
 	type runner interface {
 		ExecContext(context.Context, string, ...any) (sql.Result, error)
 		QueryContext(context.Context, string, ...any) (*sql.Rows, error)
@@ -28,15 +29,14 @@ func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, v
 		for i, s := range stmts {
 			args := s.Args(vals)
 			if i == len(stmts)-1 && scan != nil {
+				if c, ok := r.(*sql.Conn); ok {
+					return 0, queryConn(ctx, c, s.SQL, args, scan)
+				}
 				rows, err := r.QueryContext(ctx, s.SQL, args...)
 				if err != nil {
 					return 0, err
 				}
-				err = scan(rows)
-				if cerr := rows.Close(); err == nil {
-					err = cerr
-				}
-				return 0, err
+				return 0, eachRow(rows, scan)
 			}
 			res, err := r.ExecContext(ctx, s.SQL, args...)
 			if err != nil {

@@ -314,7 +314,7 @@ const listenerLinger = 2 * time.Second
 func (l *Locker) notifyReady() (bool, time.Time) {
 	listeners.Lock()
 	defer listeners.Unlock()
-	ln := listeners.m[listenerKey{l.listenPool(), l.cfg.ns.Channel()}]
+	ln := listeners.m[listenerKey{l.listenPool(), l.channel}]
 	if ln == nil || !ln.listening || ln.readyAt.IsZero() {
 		return false, time.Time{}
 	}
@@ -326,7 +326,7 @@ func (l *Locker) notifyReady() (bool, time.Time) {
 // before the first attempt, so that a wake-up sent while that attempt
 // sets the waiter's marker is not lost.
 func (l *Locker) waitStart(key, id string) (*hubWaiter, func()) {
-	return hubAdd(l.listenPool(), l.cfg.ns.Channel(), key, id)
+	return hubAdd(l.listenPool(), l.channel, key, id)
 }
 
 // listenStart registers a blocked waiter with the pool's listener (with
@@ -343,7 +343,7 @@ func (l *Locker) listenStart() func() {
 	if !push && !watch {
 		return func() {}
 	}
-	channel := l.cfg.ns.Channel()
+	channel := l.channel
 	k := listenerKey{l.listenPool(), channel}
 	listeners.Lock()
 	if listeners.verdict[k] == pushDeaf {
