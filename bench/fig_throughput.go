@@ -46,6 +46,25 @@ func sqleaseAcquireWorkload(l *lock.Locker, prefix string, mode lock.Mode) workl
 	}}
 }
 
+// vacuumLockTables starts a throughput figure on clean lock tables
+// (PostgreSQL): VACUUM removes the dead rows the figures before it left.
+// The raw baseline gets a new table for each figure, while sqlease's tables
+// serve the whole run; on a server with autovacuum off (printed in the
+// header) sqlease's would otherwise carry every earlier figure's dead rows
+// and index entries, and the comparison would not be like for like
+// (docs/performance.md, "Method").
+func vacuumLockTables(ctx context.Context, e *env) error {
+	if !e.isPG() {
+		return nil
+	}
+	for _, t := range []string{"holders", "markers", "watches", "tickets"} {
+		if _, err := e.db.ExecContext(ctx, "VACUUM "+e.ns.Object(e.d, t)); err != nil {
+			return fmt.Errorf("vacuum %s: %w", t, err)
+		}
+	}
+	return nil
+}
+
 // pathFigures reports the Do and Acquire paths against raw, held to the
 // same target as TryAcquire.
 func pathFigures(e *env, name string, res map[string]*series, want target) []Figure {
@@ -132,6 +151,9 @@ func figExclusive(ctx context.Context, e *env, clients int) ([]Figure, error) {
 		ws = append(ws, raw.workload("raw+notify", "bench/xn/", true), adv, goose)
 		baselines = append(baselines, "raw+notify", "advisory", "goose")
 	}
+	if err := vacuumLockTables(ctx, e); err != nil {
+		return nil, err
+	}
 	res, err := interleave(ctx, e.cfg.rounds, clients, e.cfg.duration, ws)
 	if err != nil {
 		return nil, err
@@ -166,6 +188,9 @@ func figShared(ctx context.Context, e *env, clients int) ([]Figure, error) {
 		}
 		ws = append(ws, adv)
 		baselines = append(baselines, "advisory-shared")
+	}
+	if err := vacuumLockTables(ctx, e); err != nil {
+		return nil, err
 	}
 	res, err := interleave(ctx, e.cfg.rounds, clients, e.cfg.duration, ws)
 	if err != nil {
