@@ -74,13 +74,7 @@ func herdChildMain() int {
 		}
 		defer closeLocker(lockers[i])
 	}
-	// A poll is one acquire function call on PostgreSQL; on SQLite one
-	// Probe read (every attempt but an uncontended first one, which is
-	// the Grant statement alone, starts with it).
-	attemptMark := "WITH b AS"
-	if d.Name() == pgdialect.Name {
-		attemptMark = "sqlease_acquire"
-	}
+	attemptMark := herdAttemptMark(d)
 	fmt.Println("ready")
 	sc := bufio.NewScanner(os.Stdin)
 	if !sc.Scan() {
@@ -206,4 +200,17 @@ func figHerd(ctx context.Context, e *env) ([]Figure, error) {
 	a := figure("herd.attempts_per_release", e.dialect, float64(attempts)/releases, "attempts/release", nil, info)
 	a.Note = "acquire attempts per release (PostgreSQL: function calls; SQLite: Probe reads); 1 is a perfect handoff"
 	return []Figure{f, a}, nil
+}
+
+// herdAttemptMark is text that only an acquire attempt's statement sent to
+// d contains, so the children can count their waiters' attempts: the
+// acquire function's name on PostgreSQL; on SQLite the start of the Probe
+// read, which every attempt but an uncontended first one (the Grant
+// statement alone) starts with. TestHerdAttemptMark checks it against the
+// dialects' statements.
+func herdAttemptMark(d dialect.Dialect) string {
+	if d.Name() == pgdialect.Name {
+		return "sqlease_acquire"
+	}
+	return "SELECT 0 AS granted"
 }
