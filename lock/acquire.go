@@ -663,11 +663,7 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 	if probe.ok && watchUS == 0 && (markerUS == 0 || mark) {
 		// Read-only first: a refused poll writes nothing (but the marker
 		// when it is due, in one statement).
-		conn, err := l.db.Conn(sctx)
-		if err == nil {
-			err = queryConn(sctx, conn, probe.SQL, probe.Args(vals), scan)
-			_ = conn.Close()
-		}
+		err := l.probe(sctx, probe.SQL, probe.Args(vals), scan)
 		if err != nil {
 			return res, err
 		}
@@ -689,6 +685,19 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 		err = errNoOutcome
 	}
 	return res, err
+}
+
+// probe runs the read-only Probe on a pooled connection, read straight
+// from the driver (queryConn). A connection the driver reports broken
+// (driver.ErrBadConn) is discarded; the error is retryable, and the
+// attempt is repeated like any failed poll.
+func (l *Locker) probe(ctx context.Context, q string, args []any, scan func(rowScanner) error) error {
+	conn, err := l.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return queryConn(ctx, conn, q, args, scan)
 }
 
 // refreshMarker runs the Mark statement for a waiter the Probe found

@@ -3,16 +3,24 @@ package lock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime/metrics"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/mattn/go-sqlite3"
 	_ "modernc.org/sqlite"
+
+	"github.com/sqlease/sqlease/dialect/sqlitedialect"
+	"github.com/sqlease/sqlease/internal/faultdb"
+	"github.com/sqlease/sqlease/migrate"
 )
 
 // queryConn reads the engine's hot statements straight from the driver
@@ -184,5 +192,68 @@ func TestQueryConnStartsNoGoroutineOfItsOwn(t *testing.T) {
 				t.Errorf("%d queries through queryConn started %d goroutines; want about none", n, direct)
 			}
 		})
+	}
+}
+
+// TestProbeTakesAnotherConnectionAfterABadOne: the Probe runs on a pooled
+// connection read straight from the driver, so database/sql no longer
+// retries a connection the driver reports broken before the query was sent
+// (driver.ErrBadConn) on another one; the engine does (the error is
+// retryable). A refused TryAcquire still reports the holder (ErrLocked, not
+// a connection error) promptly, and the next acquire works.
+func TestProbeTakesAnotherConnectionAfterABadOne(t *testing.T) {
+	ctx := context.Background()
+	dsn := "file:" + filepath.Join(t.TempDir(), "app.db") + "?_journal_mode=WAL&_busy_timeout=5000"
+	raw, err := sql.Open("sqlite3", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connector, err := faultdb.DSNConnector(raw.Driver(), dsn)
+	_ = raw.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inj := faultdb.New()
+	db := sql.OpenDB(inj.Connector(connector))
+	defer db.Close()
+	if _, err := migrate.Up(ctx, db, sqlitedialect.New()); err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(ctx, db, sqlitedialect.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	holder, err := New(ctx, db, sqlitedialect.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	held, err := holder.TryAcquire(ctx, "k", Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hits := new(atomic.Int64)
+	inj.Add(faultdb.Rule{Match: "SELECT 0 AS granted", Action: faultdb.Fail, Err: driver.ErrBadConn, Times: 2, Hits: hits})
+	start := time.Now()
+	_, err = l.TryAcquire(ctx, "k", Exclusive)
+	if !errors.Is(err, ErrLocked) {
+		t.Fatalf("TryAcquire of a held key after two bad connections: %v, want ErrLocked", err)
+	}
+	if hits.Load() != 2 {
+		t.Fatalf("the Probe met %d bad connections, want 2 (the rule did not act)", hits.Load())
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("refused TryAcquire took %v after two bad connections; want it prompt", d)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	le, err := l.TryAcquire(ctx, "k", Exclusive)
+	if err != nil {
+		t.Fatalf("TryAcquire after the fault: %v", err)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
