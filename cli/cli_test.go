@@ -286,8 +286,13 @@ func TestMissingSchemaExits2(t *testing.T) {
 	if r.code != 0 || !regexp.MustCompile(`(?m)^1\s+00001_\S+\s+no$`).MatchString(r.stdout) {
 		t.Errorf("migrate status on an empty database: want migration 1 not applied, got %v", r)
 	}
-	if !regexp.MustCompile(`(?m)^database at version 0 of \d+: run ` + "`sqlease migrate up`").MatchString(r.stdout) {
+	if !regexp.MustCompile(`(?m)^database at version 0 of \d+: run ` + "`sqlease migrate up --dsn DSN`").MatchString(r.stdout) {
 		t.Errorf("migrate status on an empty database: want a line saying version 0 and to migrate, got %v", r)
+	}
+	// The suggested command names the namespace it was asked about.
+	r = cli(t, "migrate", "status", "--dsn", path, "--prefix", "app_")
+	if r.code != 0 || !strings.Contains(r.stdout, "run `sqlease migrate up --dsn DSN --prefix app_`") {
+		t.Errorf("migrate status --prefix app_: want the suggestion to carry --prefix app_, got %v", r)
 	}
 }
 

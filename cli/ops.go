@@ -93,7 +93,7 @@ func setupMigrate(fs *flag.FlagSet, out *output) func(context.Context, []string)
 			case res.Version == res.Latest:
 				fmt.Fprintf(out.stdout, "database at version %d of %d: up to date (table %s)\n", res.Version, res.Latest, res.VersionTable)
 			case res.Version < res.Latest:
-				fmt.Fprintf(out.stdout, "database at version %d of %d: run `sqlease migrate up` (or migrate.Up) before starting a Locker (table %s)\n", res.Version, res.Latest, res.VersionTable)
+				fmt.Fprintf(out.stdout, "database at version %d of %d: run `sqlease migrate up%s` (or migrate.Up) before starting a Locker (table %s)\n", res.Version, res.Latest, nsArgs(ns), res.VersionTable)
 			default:
 				fmt.Fprintf(out.stdout, "database at version %d, newer than this build's %d: upgrade sqlease (table %s)\n", res.Version, res.Latest, res.VersionTable)
 			}

@@ -24,6 +24,9 @@ const mattnAvailable = true
 // cache (_stmt_cache_size=32), as docs/operations.md recommends for this
 // driver; TestMattnWithoutStatementCache covers the driver's default.
 func TestConformanceMattn(t *testing.T) {
+	if conformance.IsChild() {
+		conformance.Run(t, conformance.Config{}) // exits: the child needs no config (and no temp dir left behind)
+	}
 	cfg := conftest.SQLiteDriver(t.TempDir(), "sqlite3")
 	newDB := cfg.NewDatabase
 	cfg.NewDatabase = func(ctx context.Context, name string) (conformance.Database, error) {
@@ -45,6 +48,9 @@ func TestConformanceMattn(t *testing.T) {
 func TestMattnWithoutStatementCache(t *testing.T) {
 	if raceEnabled {
 		t.Skip("race build: TestConformanceMattn covers mattn/go-sqlite3 (with its statement cache); this run of mattn's default DSN is for non-race builds")
+	}
+	if conformance.IsChild() {
+		conformance.Run(t, conformance.Config{}) // exits: the child needs no config (and no temp dir left behind)
 	}
 	cfg := conftest.SQLiteDriver(t.TempDir(), "sqlite3")
 	newDB := cfg.NewDatabase
