@@ -6,6 +6,7 @@ package lock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -688,16 +689,24 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 }
 
 // probe runs the read-only Probe on a pooled connection, read straight
-// from the driver (queryConn). A connection the driver reports broken
-// (driver.ErrBadConn) is discarded; the error is retryable, and the
-// attempt is repeated like any failed poll.
+// from the driver (queryConn). Like database/sql for a query on the pool,
+// it takes another connection when the driver reports the one it got broken
+// before the query was sent (driver.ErrBadConn), up to three tries, so a
+// pool of stale connections (after a server restart, say) costs no poll.
 func (l *Locker) probe(ctx context.Context, q string, args []any, scan func(rowScanner) error) error {
-	conn, err := l.db.Conn(ctx)
-	if err != nil {
-		return err
+	var err error
+	for range 3 {
+		var conn *sql.Conn
+		if conn, err = l.db.Conn(ctx); err != nil {
+			return err
+		}
+		err = queryConn(ctx, conn, q, args, scan)
+		_ = conn.Close()
+		if !errors.Is(err, driver.ErrBadConn) {
+			return err
+		}
 	}
-	defer conn.Close()
-	return queryConn(ctx, conn, q, args, scan)
+	return err
 }
 
 // refreshMarker runs the Mark statement for a waiter the Probe found

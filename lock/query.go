@@ -7,12 +7,13 @@ package lock
 // (sql.Rows watches the context to close the rows), and every engine
 // statement runs under a context with a timeout (SPEC H5, H9). Through
 // sql.Conn.Raw the engine hands the same context to the driver, which
-// cancels the statement itself when it ends (pgx and the MySQL driver
-// without a goroutine, mattn/go-sqlite3 and modernc.org/sqlite with their
-// own), and reads the rows without database/sql's goroutine and
-// per-row bookkeeping. Drivers whose connections do not implement
-// driver.QueryerContext, and arguments their checkers refuse, take
-// database/sql's path.
+// cancels the statement itself when it ends (pgx without a goroutine,
+// mattn/go-sqlite3 and modernc.org/sqlite with their own), and reads the
+// rows without database/sql's goroutine and per-row bookkeeping. Drivers
+// whose connections do not implement driver.QueryerContext, or answer
+// driver.ErrSkip (go-sql-driver/mysql does for a query with arguments
+// unless the DSN sets interpolateParams=true: it prepares it first), and
+// arguments their checkers refuse, take database/sql's path.
 
 import (
 	"context"
@@ -119,7 +120,8 @@ func readRows(rows driver.Rows, each func(rowScanner) error) (err error) {
 			err = cerr
 		}
 	}()
-	r := &driverRow{vals: make([]driver.Value, len(rows.Columns()))}
+	cols := rows.Columns()
+	r := &driverRow{cols: cols, vals: make([]driver.Value, len(cols))}
 	for {
 		if err := rows.Next(r.vals); err != nil {
 			if err == io.EOF {
@@ -136,6 +138,7 @@ func readRows(rows driver.Rows, each func(rowScanner) error) (err error) {
 // driverRow is the current row of a driver.Rows. Its values may point into
 // the driver's buffers until the next row: Scan copies them.
 type driverRow struct {
+	cols []string
 	vals []driver.Value
 }
 
@@ -147,7 +150,7 @@ func (r *driverRow) Scan(dest ...any) error {
 	}
 	for i, d := range dest {
 		if err := assignValue(d, r.vals[i]); err != nil {
-			return fmt.Errorf("sql: Scan error on column index %d: %w", i, err)
+			return fmt.Errorf("sql: Scan error on column index %d, name %q: %w", i, r.cols[i], err)
 		}
 	}
 	return nil
@@ -164,6 +167,8 @@ func assignValue(dest any, src driver.Value) error {
 			*d = string(s)
 		case int64:
 			*d = strconv.FormatInt(s, 10)
+		case uint64:
+			*d = strconv.FormatUint(s, 10)
 		case float64:
 			*d = strconv.FormatFloat(s, 'g', -1, 64)
 		case bool:
@@ -179,6 +184,11 @@ func assignValue(dest any, src driver.Value) error {
 		switch s := src.(type) {
 		case int64:
 			*d = s
+		case uint64:
+			if s > math.MaxInt64 {
+				return fmt.Errorf("converting driver.Value type uint64 (%d) to a int64: value out of range", s)
+			}
+			*d = int64(s)
 		case []byte:
 			return parseInt(d, string(s))
 		case string:

@@ -122,16 +122,22 @@ func (l *Locker) renewer() {
 	l.rmu.Unlock()
 	defer close(done)
 	for {
-		// Take every lease due now, or within TTL/12, so that leases
-		// acquired over a few seconds share a batch: a lease is renewed
-		// at most TTL/12 early (after TTL/4 instead of TTL/3), and a
-		// Locker holding 10,000 leases sends 4 batches per interval
-		// instead of 11 (bench: batchrenew.batches_per_interval).
+		// Once the earliest lease is due, take every lease due now, or
+		// within TTL/12, so that leases acquired over a few seconds share
+		// a batch: a lease is renewed at most TTL/12 early (after TTL/4
+		// instead of TTL/3), and a Locker holding 10,000 leases sends 4
+		// batches per interval instead of 11 (bench:
+		// batchrenew.batches_per_interval). Until the earliest is due
+		// nothing is sent: a lease whose renewal failed waits out its
+		// backoff (renewBatch requeues it at now + retryWait).
 		slack := l.cfg.ttl / 12
 		now := time.Now()
 		var due []*Lease
 		l.rmu.Lock()
 		limit := l.rlimit
+		if len(l.rheap) > 0 && l.rheap[0].nextAt.After(now) {
+			limit = 0
+		}
 		for len(l.rheap) > 0 && !l.rheap[0].nextAt.After(now.Add(slack)) && len(due) < limit {
 			le := heap.Pop(&l.rheap).(*Lease)
 			if le.renewing {

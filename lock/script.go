@@ -17,8 +17,9 @@ import (
 // bounds its lock waits): one alone in autocommit, several in one write
 // transaction; with txOpts, always in a transaction begun with them. With
 // scan, the last statement is a query and scan is called for each of its
-// rows (a statement alone is read straight from the driver: queryConn);
-// otherwise it returns the last statement's RowsAffected.
+// rows (read straight from the driver, queryConn, unless the script runs in
+// a database/sql transaction); otherwise it returns the last statement's
+// RowsAffected.
 func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, vals map[string]any, scan func(rowScanner) error, txOpts *sql.TxOptions, lw lockWait) (int64, error) {
 	type runner interface {
 		ExecContext(context.Context, string, ...any) (sql.Result, error)
