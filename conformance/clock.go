@@ -109,16 +109,21 @@ func s2ExpiryIsDatabaseNowPlusTTL(e *Env) {
 	}
 }
 
-// s2WaitedGrantUsesStatementTime: a takeover that had to wait ~1 s behind a
+// s2WaitedGrantUsesStatementTime: a takeover that had to wait ~1-2 s behind a
 // fenced transaction (F1) writes the new lease's expiry from the database's
 // time when the grant happens, not from when its statement or transaction
 // began: the new lease is live for a full TTL after the grant.
 func s2WaitedGrantUsesStatementTime(e *Env) {
 	ctx := e.Ctx()
+	// The fence bounds the transaction's idle time by the old TTL
+	// (CapFenceIdleTimeout): 1 s leaves keepBusy's 50 ms pings room on a
+	// loaded machine (at 300 ms a race build at load 8 once idled past it,
+	// and the server ended the transaction). hold covers the old lease's
+	// expiry plus the wait the case measures.
 	const (
-		oldTTL = 300 * time.Millisecond
+		oldTTL = time.Second
 		newTTL = 3 * time.Second
-		hold   = 1200 * time.Millisecond
+		hold   = 2400 * time.Millisecond
 	)
 	a := e.NewLocker(nil, lock.WithTTL(oldTTL))
 	b := e.NewLocker(nil, lock.WithTTL(newTTL))
@@ -177,9 +182,10 @@ func s2WaitedGrantUsesStatementTime(e *Env) {
 		e.T.Fatalf("takeover finished while the fenced transaction was open (SPEC F1): %v", r.err)
 	default:
 	}
-	// The grant cannot happen before the transaction ends.
-	stopBusy()
+	// The grant cannot happen before the transaction ends (read the
+	// clock while the transaction is still busy, then end it at once).
 	ended := dbNow()
+	stopBusy()
 	if err := tx.Rollback(); err != nil {
 		e.T.Fatalf("rollback: %v", err)
 	}

@@ -179,8 +179,11 @@ func h9HungStatement(e *Env) {
 // 2.5 s and leaves no row or marker beyond one TTL.
 func h9TakeoverBlocked(e *Env) {
 	ctx := e.Ctx()
-	const ttl = 300 * time.Millisecond
-	holder := e.NewLocker(e.OpenDB(), lock.WithTTL(ttl))
+	// The holder's TTL bounds its fenced transaction's idle time
+	// (CapFenceIdleTimeout): 1 s leaves keepBusy's pings room on a loaded
+	// machine.
+	const ttl, holderTTL = 300 * time.Millisecond, time.Second
+	holder := e.NewLocker(e.OpenDB(), lock.WithTTL(holderTTL))
 	contender := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithOwner("contender"))
 	le, err := holder.TryAcquire(ctx, "k", lock.Exclusive)
 	if err != nil {
@@ -199,7 +202,7 @@ func h9TakeoverBlocked(e *Env) {
 	stopBusy := keepBusy(ctx, tx)
 	defer stopBusy()
 	le.Orphan() // it expires while the fenced transaction stays open
-	time.Sleep(ttl)
+	time.Sleep(holderTTL)
 	h9AcquireBothWays(e, contender, "the fenced transaction holds the expired lease")
 	stopBusy()
 	_ = tx.Rollback()

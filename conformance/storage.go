@@ -354,7 +354,10 @@ func s5OtherKeyTransactionDoesNotDelay(e *Env) {
 		hold  = 1500 * time.Millisecond
 		bound = 500 * time.Millisecond
 	)
-	a := e.NewLocker(nil, lock.WithTTL(300*time.Millisecond))
+	// a's TTL bounds the fenced transaction's idle time
+	// (CapFenceIdleTimeout): 1 s leaves keepBusy's pings room on a loaded
+	// machine.
+	a := e.NewLocker(nil, lock.WithTTL(time.Second))
 	b := e.NewLocker(nil, lock.WithTTL(5*time.Second))
 	la := e.NewLocker(nil, lock.WithTTL(5*time.Second))
 	lb, err := a.TryAcquire(ctx, "s5/B", lock.Exclusive)
