@@ -20,7 +20,6 @@ import (
 
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 	"github.com/sqlease/sqlease/internal/faultdb"
-	"github.com/sqlease/sqlease/migrate"
 )
 
 // queryConn reads the engine's hot statements straight from the driver
@@ -220,22 +219,7 @@ func TestQueryConnStartsNoGoroutineOfItsOwn(t *testing.T) {
 // acquire works.
 func TestProbeTakesAnotherConnectionAfterABadOne(t *testing.T) {
 	ctx := context.Background()
-	dsn := "file:" + filepath.Join(t.TempDir(), "app.db") + "?_journal_mode=WAL&_busy_timeout=5000"
-	raw, err := sql.Open("sqlite3", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	connector, err := faultdb.DSNConnector(raw.Driver(), dsn)
-	_ = raw.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	inj := faultdb.New()
-	db := sql.OpenDB(inj.Connector(connector))
-	defer db.Close()
-	if _, err := migrate.Up(ctx, db, sqlitedialect.New()); err != nil {
-		t.Fatal(err)
-	}
+	db, inj := faultySQLite(t)
 	l, err := New(ctx, db, sqlitedialect.New())
 	if err != nil {
 		t.Fatal(err)

@@ -96,22 +96,7 @@ func TestRenewerRenewsLeaseAcquiredAfterARelease(t *testing.T) {
 // failed tries is at least the backoff before the second.
 func TestRenewalRetriesBackOff(t *testing.T) {
 	ctx := context.Background()
-	dsn := "file:" + filepath.Join(t.TempDir(), "app.db") + "?_journal_mode=WAL&_busy_timeout=5000"
-	raw, err := sql.Open("sqlite3", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	connector, err := faultdb.DSNConnector(raw.Driver(), dsn)
-	_ = raw.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	inj := faultdb.New()
-	db := sql.OpenDB(inj.Connector(connector))
-	defer db.Close()
-	if _, err := migrate.Up(ctx, db, sqlitedialect.New()); err != nil {
-		t.Fatal(err)
-	}
+	db, inj := faultySQLite(t)
 	var mu sync.Mutex
 	var tries []time.Time
 	l, err := New(ctx, db, sqlitedialect.New(), WithTTL(3*time.Second), WithObserver(ObserverFunc(func(e Event) {
@@ -162,4 +147,27 @@ func TestRenewalRetriesBackOff(t *testing.T) {
 	if err := le.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// faultySQLite opens a migrated SQLite file (mattn, WAL, 5 s busy timeout)
+// whose statements go through a faultdb Injector; t closes it.
+func faultySQLite(t *testing.T) (*sql.DB, *faultdb.Injector) {
+	t.Helper()
+	dsn := "file:" + filepath.Join(t.TempDir(), "app.db") + "?_journal_mode=WAL&_busy_timeout=5000"
+	raw, err := sql.Open("sqlite3", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connector, err := faultdb.DSNConnector(raw.Driver(), dsn)
+	_ = raw.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inj := faultdb.New()
+	db := sql.OpenDB(inj.Connector(connector))
+	t.Cleanup(func() { db.Close() })
+	if _, err := migrate.Up(t.Context(), db, sqlitedialect.New()); err != nil {
+		t.Fatal(err)
+	}
+	return db, inj
 }
