@@ -332,8 +332,12 @@ type Statements struct {
 	// in the same statement, at least when a waiter of the key may be
 	// granted now; the payload is the key, or, to wake only the waiter of
 	// the key's live pending-writer marker, "\x1e" + its waiter ID +
-	// "\x1e" + the key (a hint: waiters also poll). Parameters: @lease_id
-	// @token @channel (SPEC S4, H5, H6, D2).
+	// "\x1e" + the key (a hint: waiters also poll). The engine runs it
+	// alone in autocommit, so it may commit without waiting for
+	// durability (PostgreSQL: synchronous_commit off for its transaction):
+	// a release lost in a crash leaves the lease to expire, provided grants
+	// commit durably. Parameters: @lease_id @token @channel (SPEC S4, H5,
+	// H6, D2).
 	Release string
 	// ClearMarker removes the pending-writer marker of waiter @lease_id on
 	// @key, when a waiter gives up (SPEC W1).

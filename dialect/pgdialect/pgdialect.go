@@ -217,9 +217,16 @@ RETURNING h.lease_id, {to_us}(h.expires_at) AS expires_us, {to_us}(clock_timesta
 		// woken waiters that stay blocked renew it on their attempt.
 		// The other holders and the marker are read only when the key is
 		// watched: an uncontended release reads one watches index entry.
+		//
+		// A release that deletes a row commits without waiting for its WAL
+		// flush (synchronous_commit off for this statement's transaction
+		// only): a release lost in a server crash or failover leaves the
+		// lease to end by expiry (SPEC H5), and the next grant of the key
+		// commits synchronously, which flushes the WAL up to and past the
+		// release. It saves one disk flush on every release and handoff.
 		Release: `WITH gone AS (
     DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token::bigint = 0)
-    RETURNING lock_key
+    RETURNING lock_key, set_config('synchronous_commit', 'off', true)
 ), seen AS (
     SELECT g.lock_key,
            EXISTS (SELECT 1 FROM {watches} w WHERE w.lock_key = g.lock_key AND w.expires_at > clock_timestamp()) AS watched
