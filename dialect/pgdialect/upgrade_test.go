@@ -24,41 +24,14 @@ import (
 // so that PostgreSQL inlines it (an IMMUTABLE SQL function whose body is
 // only STABLE never is, and ran through the SQL-function executor on every
 // call). On a version-5 schema holding a lease, this build refuses to
-// start, Up applies only 00006, the plan shows the expression instead of
-// the call, the values are the same microseconds, and the lease granted
-// before the upgrade still excludes, renews and releases (SPEC S1, H2, H5).
-// Down to 5 restores the IMMUTABLE function and Up applies 00006 again.
+// start; after 00006 the plan shows the expression instead of the call, the
+// values are the same microseconds, and, with this build's Up applied, the
+// lease granted before the upgrade still excludes, renews and releases
+// (SPEC S1, H2, H5). Down to 5 restores the IMMUTABLE function and 00006
+// applies again.
 func TestUpgradeToVersion6InlinesToUS(t *testing.T) {
 	ctx := context.Background()
-	db, err := sql.Open("pgx", conftest.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	d := pgdialect.New()
-	var rnd [5]byte
-	_, _ = crand.Read(rnd[:])
-	ns := dialect.Namespace{Schema: "sqlease_up6_" + hex.EncodeToString(rnd[:])}
-	drop := "DROP SCHEMA IF EXISTS " + d.QuoteIdent(ns.Schema) + " CASCADE"
-	defer db.ExecContext(context.Background(), drop)
-	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+d.QuoteIdent(ns.Schema)); err != nil {
-		t.Fatal(err)
-	}
-	fsys, err := migrate.FS(d, migrate.WithNamespace(ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := database.NewStore(database.DialectPostgres, ns.VersionTable())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := goose.NewProvider("", db, fsys, goose.WithStore(store), goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.UpTo(ctx, 5); err != nil {
-		t.Fatal(err)
-	}
+	db, d, ns, p := schemaAt(t, "sqlease_up6_", 5)
 	toUS := ns.Object(d, "to_us")
 	inlined := func() bool {
 		t.Helper()
@@ -89,20 +62,19 @@ func TestUpgradeToVersion6InlinesToUS(t *testing.T) {
 	var granted bool
 	var leaseID string
 	var token int64
-	err = db.QueryRowContext(ctx, "SELECT granted, lease_id, token FROM "+ns.Object(d, "acquire")+"('up6', 'x', 'L-old', 'old-build', 60000000, 0, 0)").Scan(&granted, &leaseID, &token)
+	err := db.QueryRowContext(ctx, "SELECT granted, lease_id, token FROM "+ns.Object(d, "acquire")+"('up6', 'x', 'L-old', 'old-build', 60000000, 0, 0)").Scan(&granted, &leaseID, &token)
 	if err != nil || !granted {
 		t.Fatalf("version-5 acquire: granted %v, %v", granted, err)
 	}
 
-	// This build refuses version 5, and its Up applies only 00006.
+	// This build refuses version 5; 00006 inlines the function.
 	if _, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema)); err == nil {
 		t.Fatal("lock.New on a version-5 schema: want a *lock.SchemaError, got nil")
-	} else if se := (*lock.SchemaError)(nil); !errors.As(err, &se) || se.Current != 5 || se.Want != 6 {
-		t.Fatalf("lock.New on a version-5 schema: %v, want a *lock.SchemaError at 5 of 6", err)
+	} else if se := (*lock.SchemaError)(nil); !errors.As(err, &se) || se.Current != 5 || se.Want < 6 {
+		t.Fatalf("lock.New on a version-5 schema: %v, want a *lock.SchemaError at 5", err)
 	}
-	applied, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns))
-	if err != nil || len(applied) != 1 || !strings.HasPrefix(applied[0], "00006_") {
-		t.Fatalf("Up from version 5 applied %v, %v; want 00006 alone", applied, err)
+	if _, err := p.UpTo(ctx, 6); err != nil {
+		t.Fatal(err)
 	}
 	if !inlined() {
 		t.Fatal("version 6: {to_us} is not inlined")
@@ -115,6 +87,9 @@ func TestUpgradeToVersion6InlinesToUS(t *testing.T) {
 
 	// The old lease still excludes; renewed and released through this
 	// build, the key is free again, and the next token is greater.
+	if _, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
 	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema))
 	if err != nil {
 		t.Fatal(err)
@@ -142,17 +117,168 @@ func TestUpgradeToVersion6InlinesToUS(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Down to 5 restores the IMMUTABLE function; Up applies 00006 again.
+	// Down to 5 restores the IMMUTABLE function; 00006 applies again.
 	if _, err := p.DownTo(ctx, 5); err != nil {
 		t.Fatal(err)
 	}
 	if inlined() {
 		t.Fatal("after Down to 5: {to_us} is still inlined")
 	}
-	if applied, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil || len(applied) != 1 {
-		t.Fatalf("Up after Down: %v, %v", applied, err)
+	if applied, err := p.UpTo(ctx, 6); err != nil || len(applied) != 1 {
+		t.Fatalf("Up to 6 after Down: %v, %v", applied, err)
 	}
 	if !inlined() {
 		t.Fatal("after Up again: {to_us} is not inlined")
 	}
+}
+
+// schemaAt creates a private schema (named prefix + random hex) whose lock
+// tables are at version v, and returns the pool, the dialect, the
+// namespace and a goose provider over this build's migrations, for moving
+// between versions. The schema is dropped when the test ends.
+func schemaAt(t *testing.T, prefix string, v int64) (*sql.DB, pgdialect.Dialect, dialect.Namespace, *goose.Provider) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sql.Open("pgx", conftest.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	d := pgdialect.New()
+	var rnd [5]byte
+	_, _ = crand.Read(rnd[:])
+	ns := dialect.Namespace{Schema: prefix + hex.EncodeToString(rnd[:])}
+	t.Cleanup(func() {
+		db.ExecContext(context.Background(), "DROP SCHEMA IF EXISTS "+d.QuoteIdent(ns.Schema)+" CASCADE")
+	})
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+d.QuoteIdent(ns.Schema)); err != nil {
+		t.Fatal(err)
+	}
+	fsys, err := migrate.FS(d, migrate.WithNamespace(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := database.NewStore(database.DialectPostgres, ns.VersionTable())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := goose.NewProvider("", db, fsys, goose.WithStore(store), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	return db, d, ns, p
+}
+
+// TestUpgradeToVersion7PlansOnce: migration 00007 gives both acquire
+// functions plan_cache_mode = force_generic_plan, so a connection plans
+// their statements once instead of on each of its first five calls, and
+// keeps the settings earlier migrations gave them. On a version-6 schema
+// with a lease and a pending-writer marker, this build refuses to start,
+// Up applies only 00007, and the lease granted before the upgrade still
+// excludes; the marked waiter gets the key when it is released, through
+// the function's full path, with a greater token (SPEC S1, S3, W1). Down
+// to 6 removes the setting alone, and Up applies 00007 again.
+func TestUpgradeToVersion7PlansOnce(t *testing.T) {
+	ctx := context.Background()
+	db, d, ns, p := schemaAt(t, "sqlease_up7_", 6)
+	settings := func(fn string) string {
+		t.Helper()
+		var cfg sql.NullString
+		err := db.QueryRowContext(ctx, "SELECT array_to_string(proconfig, ' ') FROM pg_proc WHERE oid = $1::regproc", ns.Object(d, fn)).Scan(&cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg.String
+	}
+	const generic = "plan_cache_mode=force_generic_plan"
+	kept := []string{"lock_timeout=2s", "enable_bitmapscan=off"}
+	check := func(when string, wantGeneric bool) {
+		t.Helper()
+		for _, fn := range []string{"acquire", "acquire_fifo"} {
+			got := settings(fn)
+			if strings.Contains(got, generic) != wantGeneric {
+				t.Errorf("%s: {%s} has settings %q; want %s: %v", when, fn, got, generic, wantGeneric)
+			}
+			for _, k := range kept {
+				if !strings.Contains(got, k) {
+					t.Errorf("%s: {%s} has settings %q; want %s kept", when, fn, got, k)
+				}
+			}
+		}
+	}
+	check("version 6", false)
+
+	// A lease granted by a version-6 build, and a waiter's marker on its key.
+	acquire := "SELECT granted, lease_id, token FROM " + ns.Object(d, "acquire") + "($1, 'x', $2, 'old-build', 60000000, $3, 0) WHERE granted OR lease_id = $2"
+	var granted bool
+	var leaseID string
+	var token int64
+	if err := db.QueryRowContext(ctx, acquire, "up7", "L-old", 0).Scan(&granted, &leaseID, &token); err != nil || !granted {
+		t.Fatalf("version-6 acquire: granted %v, %v", granted, err)
+	}
+	if err := db.QueryRowContext(ctx, acquire, "up7", "L-waiter", 5_000_000).Scan(&granted, &leaseID, new(int64)); err != nil || granted || leaseID != "L-waiter" {
+		t.Fatalf("version-6 waiter: granted %v, marker %q, %v; want refused with its marker", granted, leaseID, err)
+	}
+
+	if _, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema)); err == nil {
+		t.Fatal("lock.New on a version-6 schema: want a *lock.SchemaError, got nil")
+	} else if se := (*lock.SchemaError)(nil); !errors.As(err, &se) || se.Current != 6 || se.Want != 7 {
+		t.Fatalf("lock.New on a version-6 schema: %v, want a *lock.SchemaError at 6 of 7", err)
+	}
+	applied, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns))
+	if err != nil || len(applied) != 1 || !strings.HasPrefix(applied[0], "00007_") {
+		t.Fatalf("Up from version 6 applied %v, %v; want 00007 alone", applied, err)
+	}
+	check("version 7", true)
+
+	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	if _, err := l.TryAcquire(ctx, "up7", lock.Exclusive); !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("TryAcquire of a key a version-6 build holds: %v, want ErrLocked", err)
+	}
+	// The old holder releases; the marked waiter (still the version-6
+	// build's waiter) is granted through the full path, which clears its
+	// marker, and its token is greater.
+	if _, err := db.ExecContext(ctx, "DELETE FROM "+ns.Object(d, "holders")+" WHERE lease_id = 'L-old'"); err != nil {
+		t.Fatal(err)
+	}
+	var next int64
+	if err := db.QueryRowContext(ctx, acquire, "up7", "L-waiter", 5_000_000).Scan(&granted, &leaseID, &next); err != nil || !granted || leaseID != "L-waiter" {
+		t.Fatalf("marked waiter after the release: granted %v (%q), %v", granted, leaseID, err)
+	}
+	if next <= token {
+		t.Errorf("token %d after %d: want it greater (SPEC S3)", next, token)
+	}
+	var markers int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+ns.Object(d, "markers")).Scan(&markers); err != nil || markers != 0 {
+		t.Fatalf("markers after the waiter's grant: %d, %v; want 0", markers, err)
+	}
+	if _, err := db.ExecContext(ctx, "DELETE FROM "+ns.Object(d, "holders")+" WHERE lease_id = 'L-waiter'"); err != nil {
+		t.Fatal(err)
+	}
+	le, err := l.TryAcquire(ctx, "up7", lock.Exclusive)
+	if err != nil {
+		t.Fatalf("TryAcquire of the free key: %v", err)
+	}
+	if le.Token() <= next {
+		t.Errorf("token %d after %d: want it greater (SPEC S3)", le.Token(), next)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := p.DownTo(ctx, 6); err != nil {
+		t.Fatal(err)
+	}
+	check("after Down to 6", false)
+	if applied, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil || len(applied) != 1 {
+		t.Fatalf("Up after Down: %v, %v", applied, err)
+	}
+	check("after Up again", true)
 }
