@@ -29,6 +29,7 @@ func init() {
 		Case{Name: "H1_BlockedRenewalsEndWindowThenLost", Rule: "H1", Run: h1BlockedRenewalsEndWindow},
 		Case{Name: "H2_TransientRenewalErrorKeepsLease", Rule: "H2", Run: h2TransientErrorKeepsLease},
 		Case{Name: "H2_PersistentRenewalFailureLosesBeforeTakeover", Rule: "H2", Run: h2PersistentFailureLoses},
+		Case{Name: "H2_RenewalRetriesBackOff", Rule: "H2", Run: h2RenewalRetriesBackOff},
 		Case{Name: "H2_LostRenewalReplySettledByNextAttempt", Rule: "H2", Run: h2LostReplySettled},
 		Case{Name: "H2_OversizedRenewalBatchIsSplit", Rule: "H2", Run: h2OversizedBatchSplit},
 		Case{Name: "H3_DeletedLeaseRowSignalsLoss", Rule: "H3", Run: h3DeletedRowSignalsLoss},
@@ -391,6 +392,74 @@ func h2TransientErrorKeepsLease(e *Env) {
 		e.T.Errorf("want our lease live in the database (token %d), got %v at %v", le.Token(), hs, now)
 	}
 	if err := le.Release(ctx); err != nil {
+		e.T.Errorf("release: %v", err)
+	}
+}
+
+// h2RenewalRetriesBackOff: renewals that fail with a transient error six
+// times in a row are retried with backoff, not in a tight loop: each retry
+// comes at least its documented wait after the failure before it (5 ms,
+// doubling, at most TTL/10; docs/design.md "Lease lifecycle"), and the
+// renewal after the failures keeps the lease, live in the database
+// (SPEC H2). Only lower bounds on the gaps are checked: a loaded machine
+// makes them longer, never shorter.
+func h2RenewalRetriesBackOff(e *Env) {
+	ctx := e.Ctx()
+	const ttl, failures = 3 * time.Second, 6
+	var mu sync.Mutex
+	var tries []time.Time
+	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithObserver(lock.ObserverFunc(func(ev lock.Event) {
+		if ev.Kind == lock.EventRenewRetry {
+			mu.Lock()
+			tries = append(tries, time.Now())
+			mu.Unlock()
+		}
+	})))
+	le, err := l.TryAcquire(ctx, "h2/backoff", lock.Exclusive)
+	if err != nil {
+		e.T.Fatalf("acquire: %v", err)
+	}
+	seen := func() []time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]time.Time(nil), tries...)
+	}
+	exp := le.Expiry()
+	remove := lcRenewalFault(e, faultdb.Rule{Action: faultdb.Fail, Err: lcTransientError(e), Times: failures})
+	defer remove()
+	// Due after TTL/3; six failures wait 5+10+20+40+80 ms.
+	if !Eventually(2*ttl, func() bool { return len(seen()) >= failures }) {
+		e.T.Fatalf("%d failed renewals seen within 2 TTLs, want %d", len(seen()), failures)
+	}
+	got := seen()
+	for i := 1; i < failures; i++ {
+		want := min(5*time.Millisecond<<(i-1), ttl/10)
+		if gap := got[i].Sub(got[i-1]); gap < want-time.Millisecond {
+			e.T.Errorf("retry %d came %v after the failure before it; want at least its backoff %v", i, gap, want)
+		}
+	}
+	if !Eventually(ttl, func() bool { return le.Expiry().After(exp) }) {
+		e.T.Fatalf("no renewal succeeded after %d transient failures; lease err: %v", failures, le.Err())
+	}
+	if err := le.Err(); err != nil {
+		e.T.Fatalf("%d transient renewal failures within the window lost the lease: %v", failures, err)
+	}
+	hs, now, err := l.Holders(ctx, "h2/backoff")
+	if err != nil {
+		e.T.Fatalf("holders: %v", err)
+	}
+	if len(hs) != 1 || hs[0].LeaseID != le.LeaseID() || hs[0].Token != le.Token() || !hs[0].Expiry.After(now) {
+		e.T.Errorf("want our lease live in the database (token %d), got %v at %v", le.Token(), hs, now)
+	}
+	if err := le.Release(ctx); err != nil {
+		e.T.Errorf("release: %v", err)
+	}
+	// The next operation works: the key is free again.
+	le2, err := l.TryAcquire(ctx, "h2/backoff", lock.Exclusive)
+	if err != nil {
+		e.T.Fatalf("acquire after the release: %v", err)
+	}
+	if err := le2.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
 }
