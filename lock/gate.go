@@ -23,7 +23,11 @@ func (l *Locker) enter(ctx context.Context) (func(), error) {
 	if l.d.Capabilities().Has(dialect.CapConcurrentWriters) {
 		return func() {}, nil
 	}
-	g, _ := gates.LoadOrStore(l.db, make(chan struct{}, 1))
+	g, ok := gates.Load(l.db)
+	if !ok {
+		// (LoadOrStore alone would make a channel on every write.)
+		g, _ = gates.LoadOrStore(l.db, make(chan struct{}, 1))
+	}
 	gate := g.(chan struct{})
 	select {
 	case gate <- struct{}{}:
