@@ -237,6 +237,19 @@ func lcLoss(e *Env, what string, err error, le *lock.Lease) *lock.LeaseLostError
 	return lost
 }
 
+// lcLiveInDatabase checks that le is the only row of its key and live in
+// the database's time.
+func lcLiveInDatabase(e *Env, l *lock.Locker, le *lock.Lease) {
+	e.T.Helper()
+	hs, now, err := l.Holders(e.Ctx(), le.Key())
+	if err != nil {
+		e.T.Fatalf("holders: %v", err)
+	}
+	if len(hs) != 1 || hs[0].LeaseID != le.LeaseID() || hs[0].Token != le.Token() || !hs[0].Expiry.After(now) {
+		e.T.Errorf("want our lease live in the database (token %d), got %v at %v", le.Token(), hs, now)
+	}
+}
+
 // lcWaitDone waits for le's context to end; it returns when it did, or the
 // zero time after timeout.
 func lcWaitDone(le *lock.Lease, timeout time.Duration) time.Time {
@@ -384,13 +397,7 @@ func h2TransientErrorKeepsLease(e *Env) {
 	if err := le.Err(); err != nil {
 		e.T.Fatalf("one transient renewal error (%v) lost the lease: %v", transient, err)
 	}
-	hs, now, err := l.Holders(ctx, "k")
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
-	if len(hs) != 1 || hs[0].LeaseID != le.LeaseID() || hs[0].Token != le.Token() || !hs[0].Expiry.After(now) {
-		e.T.Errorf("want our lease live in the database (token %d), got %v at %v", le.Token(), hs, now)
-	}
+	lcLiveInDatabase(e, l, le)
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
@@ -444,13 +451,7 @@ func h2RenewalRetriesBackOff(e *Env) {
 	if err := le.Err(); err != nil {
 		e.T.Fatalf("%d transient renewal failures within the window lost the lease: %v", failures, err)
 	}
-	hs, now, err := l.Holders(ctx, "h2/backoff")
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
-	if len(hs) != 1 || hs[0].LeaseID != le.LeaseID() || hs[0].Token != le.Token() || !hs[0].Expiry.After(now) {
-		e.T.Errorf("want our lease live in the database (token %d), got %v at %v", le.Token(), hs, now)
-	}
+	lcLiveInDatabase(e, l, le)
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
