@@ -403,16 +403,17 @@ func h2TransientErrorKeepsLease(e *Env) {
 	}
 }
 
-// h2RenewalRetriesBackOff: renewals that fail with a transient error six
+// h2RenewalRetriesBackOff: renewals that fail with a transient error eight
 // times in a row are retried with backoff, not in a tight loop: each retry
 // comes at least its documented wait after the failure before it (5 ms,
-// doubling, at most TTL/10; docs/design.md "Lease lifecycle"), and the
+// doubling, at most TTL/10, which the last gap reaches; docs/design.md
+// "Lease lifecycle"), and the
 // renewal after the failures keeps the lease, live in the database
 // (SPEC H2). Only lower bounds on the gaps are checked: a loaded machine
 // makes them longer, never shorter.
 func h2RenewalRetriesBackOff(e *Env) {
 	ctx := e.Ctx()
-	const ttl, failures = 3 * time.Second, 6
+	const ttl, failures = 3 * time.Second, 8
 	var mu sync.Mutex
 	var tries []time.Time
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithObserver(lock.ObserverFunc(func(ev lock.Event) {
@@ -434,7 +435,7 @@ func h2RenewalRetriesBackOff(e *Env) {
 	exp := le.Expiry()
 	remove := lcRenewalFault(e, faultdb.Rule{Action: faultdb.Fail, Err: lcTransientError(e), Times: failures})
 	defer remove()
-	// Due after TTL/3; six failures wait 5+10+20+40+80 ms.
+	// Due after TTL/3; eight failures wait 5+10+...+160+300 ms (the cap).
 	if !Eventually(2*ttl, func() bool { return len(seen()) >= failures }) {
 		e.T.Fatalf("%d failed renewals seen within 2 TTLs, want %d", len(seen()), failures)
 	}

@@ -3,9 +3,7 @@ package lock
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -84,68 +82,6 @@ func TestRenewerRenewsLeaseAcquiredAfterARelease(t *testing.T) {
 	l.rmu.Unlock()
 	if busy || !stopped || queued != 0 {
 		t.Errorf("after Close: renewer busy %v, stopped %v, %d leases queued; want false, true, 0", busy, stopped, queued)
-	}
-}
-
-// TestRenewalRetriesBackOff: a renewal that fails is retried after 5, 10,
-// 20 ... ms (capped at TTL/10) until the lease's trusted window ends (SPEC
-// H2). Leases due within TTL/12 of the earliest ride along in its batch,
-// but a retried lease is not sent again before its backoff is over (a
-// first version of the timer-driven renewer sent the first retries back to
-// back). Timers fire late under load, never early, so each gap between two
-// failed tries is at least the backoff before the second.
-func TestRenewalRetriesBackOff(t *testing.T) {
-	ctx := context.Background()
-	db, inj := faultySQLite(t)
-	var mu sync.Mutex
-	var tries []time.Time
-	l, err := New(ctx, db, sqlitedialect.New(), WithTTL(3*time.Second), WithObserver(ObserverFunc(func(e Event) {
-		if e.Kind == EventRenewRetry {
-			mu.Lock()
-			tries = append(tries, time.Now())
-			mu.Unlock()
-		}
-	})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(ctx)
-	le, err := l.TryAcquire(ctx, "k", Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const failures = 8
-	inj.Add(faultdb.Rule{Match: "json_each", Action: faultdb.Fail, Err: errors.New("injected renewal failure"), Times: failures})
-	// Due after 1 s; 8 failures take 5+10+...+300 ms ≈ 0.9 s of backoff.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		mu.Lock()
-		n := len(tries)
-		mu.Unlock()
-		if n >= failures || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	mu.Lock()
-	got := append([]time.Time(nil), tries...)
-	mu.Unlock()
-	if len(got) < failures {
-		t.Fatalf("%d failed renewals seen in 5 s, want %d", len(got), failures)
-	}
-	for i := 1; i < len(got); i++ {
-		want := min(5*time.Millisecond<<(i-1), 300*time.Millisecond) // TTL/10
-		if gap := got[i].Sub(got[i-1]); gap < want-time.Millisecond {
-			t.Errorf("retry %d came %v after the one before; want at least its backoff %v", i, gap, want)
-		}
-	}
-	// The renewal after the failures succeeds: the lease is kept.
-	time.Sleep(1500 * time.Millisecond)
-	if err := le.Err(); err != nil {
-		t.Fatalf("lease lost after %d failed renewals within its window: %v", failures, err)
-	}
-	if err := le.Release(ctx); err != nil {
-		t.Fatal(err)
 	}
 }
 
