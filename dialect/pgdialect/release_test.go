@@ -7,7 +7,6 @@ import (
 
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/lock"
-	"github.com/sqlease/sqlease/migrate"
 )
 
 // TestReleaseCommitsWithoutWaitingForFlush: the Release statement turns
@@ -19,10 +18,7 @@ import (
 // not, and the released key can be acquired again at once.
 func TestReleaseCommitsWithoutWaitingForFlush(t *testing.T) {
 	ctx := context.Background()
-	db, d, ns, _ := schemaAt(t, "sqlease_rel_", 1)
-	if _, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
+	db, d, ns, _ := schemaAt(t, "sqlease_rel_", 0)
 	// One connection, so the SHOWs below read the connection the Locker's
 	// statements ran on.
 	db.SetMaxOpenConns(1)

@@ -133,7 +133,8 @@ func TestUpgradeToVersion6InlinesToUS(t *testing.T) {
 }
 
 // schemaAt creates a private schema (named prefix + random hex) whose lock
-// tables are at version v, and returns the pool, the dialect, the
+// tables are at version v (0: this build's latest, through migrate.Up),
+// and returns the pool, the dialect, the
 // namespace and a goose provider over this build's migrations, for moving
 // between versions. The schema is dropped when the test ends.
 func schemaAt(t *testing.T, prefix string, v int64) (*sql.DB, pgdialect.Dialect, dialect.Namespace, *goose.Provider) {
@@ -166,7 +167,12 @@ func schemaAt(t *testing.T, prefix string, v int64) (*sql.DB, pgdialect.Dialect,
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.UpTo(ctx, v); err != nil {
+	if v > 0 {
+		_, err = p.UpTo(ctx, v)
+	} else {
+		_, err = migrate.Up(ctx, db, d, migrate.WithNamespace(ns))
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	return db, d, ns, p
