@@ -28,6 +28,7 @@ import (
 	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
+	"github.com/sqlease/sqlease/internal/advice"
 	"github.com/sqlease/sqlease/internal/testnote"
 	"github.com/sqlease/sqlease/lock"
 )
@@ -293,6 +294,55 @@ func TestMissingSchemaExits2(t *testing.T) {
 	r = cli(t, "migrate", "status", "--dsn", path, "--prefix", "app_")
 	if r.code != 0 || !strings.Contains(r.stdout, "run `sqlease migrate up --dsn DSN --prefix app_`") {
 		t.Errorf("migrate status --prefix app_: want the suggestion to carry --prefix app_, got %v", r)
+	}
+}
+
+// TestMigrateAdviceIsOneWording: migrate status, status, sweep and
+// lock.New word the advice to migrate the same way (advice.MigrateUp),
+// naming the namespace, and the command it names works.
+func TestMigrateAdviceIsOneWording(t *testing.T) {
+	for _, ns := range []dialect.Namespace{{}, {Prefix: "app_"}} {
+		path := sqliteFile(t)
+		if err := os.WriteFile(path, nil, 0o600); err != nil { // an empty SQLite database
+			t.Fatal(err)
+		}
+		var nsFlags []string
+		wantCmd := "run `sqlease migrate up --dsn DSN` (from Go: migrate.Up) before using the lock tables"
+		if ns.Prefix != "" {
+			nsFlags = []string{"--prefix", ns.Prefix}
+			wantCmd = "run `sqlease migrate up --dsn DSN --prefix app_` (from Go: migrate.Up with migrate.WithNamespace(dialect.Namespace{Prefix: \"app_\"})) before using the lock tables"
+		}
+		if got := advice.MigrateUp(ns); got != wantCmd {
+			t.Fatalf("advice.MigrateUp(%+v) = %q, want %q", ns, got, wantCmd)
+		}
+		r := cli(t, append([]string{"migrate", "status", "--dsn", path}, nsFlags...)...)
+		if r.code != 0 || !strings.Contains(r.stdout, "database at version 0 of ") || !strings.Contains(r.stdout, wantCmd) {
+			t.Errorf("migrate status %v: want exit 0 and %q, got %v", nsFlags, wantCmd, r)
+		}
+		for _, cmd := range []string{"status", "sweep"} {
+			r := cli(t, append([]string{cmd, "--dsn", path}, nsFlags...)...)
+			if r.code != 2 || !strings.Contains(r.stderr, wantCmd) {
+				t.Errorf("%s %v: want exit 2 and %q, got %v", cmd, nsFlags, wantCmd, r)
+			}
+		}
+		db, err := sql.Open("sqlite", conftest.SQLiteDSN(path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = lock.New(t.Context(), db, sqlitedialect.New(), lock.WithTablePrefix(ns.Prefix))
+		db.Close()
+		if !errors.Is(err, lock.ErrSchemaNotMigrated) || !strings.Contains(err.Error(), wantCmd) {
+			t.Errorf("lock.New with prefix %q: want ErrSchemaNotMigrated saying %q, got %v", ns.Prefix, wantCmd, err)
+		}
+		// The advised command line works as given.
+		line := strings.Split(wantCmd, "`")[1]
+		args := strings.Fields(strings.Replace(strings.TrimPrefix(line, "sqlease "), "DSN", path, 1))
+		if r := cli(t, args...); r.code != 0 || !strings.Contains(r.stdout, "migrated to version") {
+			t.Errorf("the advised %q: want exit 0 and the tables migrated, got %v", args, r)
+		}
+		if r := cli(t, append([]string{"status", "--dsn", path}, nsFlags...)...); r.code != 0 {
+			t.Errorf("status %v after the advised migrate: want exit 0, got %v", nsFlags, r)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/internal/advice"
 	"github.com/sqlease/sqlease/lock"
 )
 
@@ -251,27 +252,15 @@ func newLocker(ctx context.Context, db *sql.DB, t target, ns dialect.Namespace) 
 	switch {
 	case errors.As(err, &se):
 		if se.Current == 0 {
-			return nil, usageErr("the lock tables are not migrated (%s is at version 0, need %d): run `sqlease migrate%s` first",
-				se.Table, se.Want, nsArgs(ns))
+			return nil, usageErr("the lock tables are not migrated (%s is at version 0, need %d): %s",
+				se.Table, se.Want, advice.MigrateUp(ns))
 		}
-		return nil, usageErr("the lock tables are at version %d (%s), this build needs %d: run `sqlease migrate%s` first (`sqlease migrate status` lists what is pending)",
-			se.Current, se.Table, se.Want, nsArgs(ns))
+		return nil, usageErr("the lock tables are at version %d (%s), this build needs %d: %s (`sqlease migrate status` lists what is pending)",
+			se.Current, se.Table, se.Want, advice.MigrateUp(ns))
 	case errors.Is(err, lock.ErrInvalidInput), errors.Is(err, dialect.ErrInvalidName):
 		return nil, inputUsageErr(err)
 	case err != nil:
 		return nil, err
 	}
 	return l, nil
-}
-
-// nsArgs renders the namespace flags for a suggested command line.
-func nsArgs(ns dialect.Namespace) string {
-	s := " --dsn DSN"
-	if ns.Schema != "" {
-		s += " --schema " + ns.Schema
-	}
-	if ns.Prefix != "" {
-		s += " --prefix " + ns.Prefix
-	}
-	return s
 }

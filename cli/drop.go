@@ -97,7 +97,7 @@ func setupDrop(fs *flag.FlagSet, out *output) func(context.Context, []string) er
 		if c.asJSON {
 			return writeJSON(out.stdout, res)
 		}
-		fmt.Fprintf(out.stdout, "uninstalled in %s: reverted %d migrations and dropped %s (%s); `sqlease migrate` installs it afresh\n",
+		fmt.Fprintf(out.stdout, "uninstalled in %s: reverted %d migrations and dropped %s (%s); `sqlease migrate up` installs it afresh\n",
 			round(time.Since(start)), len(res.Reverted), strings.Join(tables, ", "), nsWhere(t, ns))
 		if ns.Schema != "" {
 			fmt.Fprintf(out.stdout, "schema %s is kept (it may hold other objects)\n", ns.Schema)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/internal/advice"
 	"github.com/sqlease/sqlease/lock"
 	"github.com/sqlease/sqlease/migrate"
 )
@@ -93,7 +94,7 @@ func setupMigrate(fs *flag.FlagSet, out *output) func(context.Context, []string)
 			case res.Version == res.Latest:
 				fmt.Fprintf(out.stdout, "database at version %d of %d: up to date (table %s)\n", res.Version, res.Latest, res.VersionTable)
 			case res.Version < res.Latest:
-				fmt.Fprintf(out.stdout, "database at version %d of %d: run `sqlease migrate up%s` (or migrate.Up) before starting a Locker (table %s)\n", res.Version, res.Latest, nsArgs(ns), res.VersionTable)
+				fmt.Fprintf(out.stdout, "database at version %d of %d: %s (table %s)\n", res.Version, res.Latest, advice.MigrateUp(ns), res.VersionTable)
 			default:
 				fmt.Fprintf(out.stdout, "database at version %d, newer than this build's %d: upgrade sqlease (table %s)\n", res.Version, res.Latest, res.VersionTable)
 			}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/internal/advice"
 )
 
 // Sentinel errors. Every error the package returns for these conditions
@@ -149,11 +150,14 @@ type SchemaError struct {
 	Table   string // the version table looked at
 	Current int64  // applied version, 0 when the tables do not exist
 	Want    int64  // version this library needs
+	// Namespace is the Locker's schema and prefix, which the migrations
+	// must be applied with; the message names them.
+	Namespace dialect.Namespace
 }
 
 func (e *SchemaError) Error() string {
-	return fmt.Sprintf("lock: the %s lock tables are at version %d (version table %s), this library needs %d: run migrate.Up(ctx, db, dialect) or `sqlease migrate --dsn DSN` first, with the same schema and prefix as the Locker (migrate.WithNamespace; --schema, --prefix)",
-		e.Dialect, e.Current, e.Table, e.Want)
+	return fmt.Sprintf("lock: the %s lock tables are at version %d (version table %s), this library needs %d: %s",
+		e.Dialect, e.Current, e.Table, e.Want, advice.MigrateUp(e.Namespace))
 }
 
 // Is matches ErrSchemaNotMigrated.

@@ -178,7 +178,7 @@ var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us",
 // Errors: a nil db, a bad option or namespace (ErrInvalidInput, naming the
 // value; SPEC I1, D3); an unknown dialect (dialect.ErrUnknownDialect); a bad
 // template; tables missing or old (ErrSchemaNotMigrated, saying to run
-// migrate.Up or `sqlease migrate`; SPEC D1); or the database's error.
+// `sqlease migrate up` or migrate.Up; SPEC D1); or the database's error.
 func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ *Locker, err error) {
 	if db == nil {
 		return nil, inputErr("database", "nil", "New needs an open *sql.DB")
@@ -219,7 +219,7 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 			return nil, fmt.Errorf("lock: check schema version: %w", err)
 		}
 		if current < want {
-			return nil, &SchemaError{Dialect: d.Name(), Table: cfg.ns.VersionTable(), Current: current, Want: want}
+			return nil, &SchemaError{Dialect: d.Name(), Table: cfg.ns.VersionTable(), Current: current, Want: want, Namespace: cfg.ns}
 		}
 	}
 	return l, nil

@@ -1,0 +1,37 @@
+// Package advice holds the advice that more than one package gives the
+// user, so that it is worded once: lock's errors and the sqlease command
+// (package cli) print the same text.
+package advice
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/sqlease/sqlease/dialect"
+)
+
+// MigrateUp tells how to apply the lock table migrations of namespace ns,
+// naming the command (sqlease migrate up, with --schema and --prefix when
+// ns sets them) and the library call (migrate.Up, with
+// migrate.WithNamespace when ns is not the default):
+//
+//	run `sqlease migrate up --dsn DSN --prefix app_` (from Go: migrate.Up with migrate.WithNamespace(dialect.Namespace{Prefix: "app_"})) before using the lock tables
+//
+// It is a clause for the end of a message, without a final full stop.
+func MigrateUp(ns dialect.Namespace) string {
+	cmd := "sqlease migrate up --dsn DSN"
+	var fields []string
+	if ns.Schema != "" {
+		cmd += " --schema " + ns.Schema
+		fields = append(fields, fmt.Sprintf("Schema: %q", ns.Schema))
+	}
+	if ns.Prefix != "" {
+		cmd += " --prefix " + ns.Prefix
+		fields = append(fields, fmt.Sprintf("Prefix: %q", ns.Prefix))
+	}
+	call := "migrate.Up"
+	if len(fields) > 0 {
+		call += " with migrate.WithNamespace(dialect.Namespace{" + strings.Join(fields, ", ") + "})"
+	}
+	return "run `" + cmd + "` (from Go: " + call + ") before using the lock tables"
+}

@@ -1,0 +1,22 @@
+package advice
+
+import (
+	"testing"
+
+	"github.com/sqlease/sqlease/dialect"
+)
+
+func TestMigrateUp(t *testing.T) {
+	for _, tc := range []struct {
+		ns   dialect.Namespace
+		want string
+	}{
+		{dialect.Namespace{}, "run `sqlease migrate up --dsn DSN` (from Go: migrate.Up) before using the lock tables"},
+		{dialect.Namespace{Prefix: "app_"}, "run `sqlease migrate up --dsn DSN --prefix app_` (from Go: migrate.Up with migrate.WithNamespace(dialect.Namespace{Prefix: \"app_\"})) before using the lock tables"},
+		{dialect.Namespace{Schema: "locks", Prefix: "app_"}, "run `sqlease migrate up --dsn DSN --schema locks --prefix app_` (from Go: migrate.Up with migrate.WithNamespace(dialect.Namespace{Schema: \"locks\", Prefix: \"app_\"})) before using the lock tables"},
+	} {
+		if got := MigrateUp(tc.ns); got != tc.want {
+			t.Errorf("MigrateUp(%+v) =\n  %s\nwant\n  %s", tc.ns, got, tc.want)
+		}
+	}
+}
