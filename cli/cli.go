@@ -35,7 +35,8 @@
 // indented under it, and last "N passed, N failed, N skipped". migrate up
 // provisions the lock tables, printing one goose-style line per migration
 // ("OK   00001_lock_tables.sql (3.41ms)") and the version reached; migrate
-// status lists the migrations; migrate down reverts them all (goose's
+// status lists the migrations and says whether any are pending (it exits
+// 0 either way: it reports); migrate down reverts them all (goose's
 // DownTo(0), through migrate.Down), keeping the version table. status lists
 // leases and pending writers, sweep deletes expired rows in one bounded
 // batch. drop uninstalls (migrate.Drop): it reverts every migration and
@@ -90,7 +91,9 @@
 // unknown flag or argument, a key prefix that is not valid UTF-8, has a
 // NUL or is over 512 bytes, a bad or reserved schema such as pg_catalog, a
 // missing --yes), an unreachable database or lock tables that are not
-// migrated.
+// migrated (status, sweep). migrate status exits 0 with migrations pending,
+// or with a database newer than the build: it lists them and says what to
+// do; a script compares the "version" and "latest" of its --json output.
 package cli
 
 import (
@@ -166,7 +169,10 @@ type command struct {
 	name    string
 	args    string // positional arguments, for the usage line
 	summary string
-	setup   func(fs *flag.FlagSet, out *output) func(ctx context.Context, args []string) error
+	// more is printed after the summary by `sqlease help <command>`:
+	// behaviour the one-line summary leaves out, such as an exit code.
+	more  string
+	setup func(fs *flag.FlagSet, out *output) func(ctx context.Context, args []string) error
 }
 
 // output is where a command writes.
@@ -214,7 +220,7 @@ func UsageError(format string, args ...any) error { return usageErr(format, args
 func commands() []command {
 	cs := []command{
 		{name: "check", summary: "run the conformance suite against a database (default: a fresh embedded SQLite file)", setup: setupCheck},
-		{name: "migrate", args: "[up|status|down]", summary: "apply the lock table migrations (up, the default), list them (status) or revert them all (down, asks first)", setup: setupMigrate},
+		{name: "migrate", args: "[up|status|down]", summary: "apply the lock table migrations (up, the default), list them (status) or revert them all (down, asks first)", more: migrateStatusExit, setup: setupMigrate},
 		{name: "status", summary: "list leases and pending-writer markers with their tokens and expiry", setup: setupStatus},
 		{name: "sweep", summary: "delete expired lease rows, at most --limit, in one short transaction", setup: setupSweep},
 		{name: "drop", summary: "uninstall: revert every migration and drop the version and migration lock tables (asks first)", setup: setupDrop},
@@ -407,7 +413,7 @@ func usage(w io.Writer) {
 		}
 		fmt.Fprintf(w, "           %s %s\n", line, strings.Join(flags, " "))
 	}
-	fmt.Fprintf(w, "\n%s\n\nExit codes: 0 success; 1 a check case or a database operation failed, or a\nconfirmation was declined; 2 bad usage (any bad input), unreachable database\nor lock tables not migrated.\n\nRun 'sqlease help <command>' for the meaning of each flag.\n", dsnHelp())
+	fmt.Fprintf(w, "\n%s\n\nExit codes: 0 success; 1 a check case or a database operation failed, or a\nconfirmation was declined; 2 bad usage (any bad input), unreachable database\nor lock tables not migrated (status, sweep). migrate status exits 0 with\nmigrations pending: it reports, it does not refuse.\n\nRun 'sqlease help <command>' for the meaning of each flag.\n", dsnHelp())
 }
 
 func commandUsage(w io.Writer, c command) {
@@ -415,7 +421,11 @@ func commandUsage(w io.Writer, c command) {
 	if c.args != "" {
 		line += " " + c.args
 	}
-	fmt.Fprintf(w, "Usage: %s [flags]\n\n%s.\n\nFlags:\n", line, strings.ToUpper(c.summary[:1])+c.summary[1:])
+	fmt.Fprintf(w, "Usage: %s [flags]\n\n%s.\n", line, strings.ToUpper(c.summary[:1])+c.summary[1:])
+	if c.more != "" {
+		fmt.Fprintf(w, "\n%s\n", c.more)
+	}
+	fmt.Fprintf(w, "\nFlags:\n")
 	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
 	c.setup(fs, &output{stdout: io.Discard, stderr: io.Discard})
 	printFlags(w, fs)

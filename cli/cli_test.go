@@ -297,6 +297,50 @@ func TestMissingSchemaExits2(t *testing.T) {
 	}
 }
 
+// TestMigrateStatusExitsZero: migrate status reports and exits 0 with
+// migrations pending, up to date and on a database newer than the build,
+// as its help says; --json tells pending apart by version < latest.
+func TestMigrateStatusExitsZero(t *testing.T) {
+	path := sqliteFile(t)
+	if err := os.WriteFile(path, nil, 0o600); err != nil { // an empty SQLite database
+		t.Fatal(err)
+	}
+	status := func(want string, pending bool) {
+		t.Helper()
+		r := cli(t, "migrate", "status", "--dsn", path)
+		if r.code != 0 || !regexp.MustCompile(`(?m)^database at version `+want).MatchString(r.stdout) {
+			t.Errorf("migrate status: want exit 0 and a last line %q, got %v", want, r)
+		}
+		r = cli(t, "migrate", "status", "--dsn", path, "--json")
+		var res migrateJSON
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &res) != nil || res.Latest < 1 || (res.Version < res.Latest) != pending {
+			t.Errorf("migrate status --json: want exit 0 and version < latest %v, got %v", pending, r)
+		}
+	}
+	status(`0 of \d+: run `+"`sqlease migrate up", true)
+	if r := cli(t, "migrate", "up", "--dsn", path); r.code != 0 {
+		t.Fatalf("migrate up: %v", r)
+	}
+	status(`\d+ of \d+: up to date`, false)
+	db, err := sql.Open("sqlite", conftest.SQLiteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec("INSERT INTO sqlease_db_version (version_id, is_applied) VALUES (9999, 1)"); err != nil {
+		t.Fatal(err)
+	}
+	status(`9999, newer than this build's \d+: upgrade sqlease`, false)
+
+	r := cli(t, "help", "migrate")
+	if r.code != 0 || !strings.Contains(oneLine(r.stdout), "migrate status only reports: it exits 0 whether the database is up to date, has migrations pending or is newer than this build") {
+		t.Errorf("help migrate: want the exit code of migrate status documented, got %v", r)
+	}
+	if r := cli(t, "help"); !strings.Contains(oneLine(r.stdout), "migrate status exits 0 with migrations pending") {
+		t.Errorf("help: want the exit code of migrate status documented, got %v", r)
+	}
+}
+
 // TestMigrateAdviceIsOneWording: migrate status, status, sweep and
 // lock.New word the advice to migrate the same way (advice.MigrateUp),
 // naming the namespace, and the command it names works.

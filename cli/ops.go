@@ -38,6 +38,13 @@ type migrateJSON struct {
 	DurationMS   float64         `json:"duration_ms"`
 }
 
+// migrateStatusExit documents the exit code of migrate status, in
+// `sqlease help migrate`.
+const migrateStatusExit = `migrate status only reports: it exits 0 whether the database is up to
+date, has migrations pending or is newer than this build, and its last line
+says which (with --json: pending when "version" < "latest"). The commands
+that use the lock tables (status, sweep) exit 2 while they are not migrated.`
+
 func setupMigrate(fs *flag.FlagSet, out *output) func(context.Context, []string) error {
 	var c dbCmd
 	var yes bool
