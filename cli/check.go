@@ -242,8 +242,8 @@ func checkConfig(ctx context.Context, f *dbFlags) (cfg conformance.Config, finis
 		}
 		if t.backend.Dialect == "" {
 			if f.dialect != "" {
-				if _, err := dialect.Lookup(f.dialect); err != nil {
-					return cfg, nil, usageErr("%v", err)
+				if _, err := dialectBackend(f.dialect); err != nil {
+					return cfg, nil, err
 				}
 				return cfg, nil, usageErr("checking dialect %q needs a database: pass --dsn DSN or set $%s", f.dialect, dsnEnv)
 			}

@@ -949,7 +949,8 @@ func TestResolve(t *testing.T) {
 		{dsn: "/data/locks", dialect: "sqlite", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "/data/locks?_busy_timeout=5000", wantPath: "/data/locks"},
 		{dsn: "host=db user=app", dialect: "postgres", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "host=db user=app"},
 		{dsn: "host=db user=app", err: "--dialect"},
-		{dsn: "x.db", dialect: "nosuch", err: "registered: mysql, postgres, sqlite"},
+		{dsn: "x.db", dialect: "nosuch", err: `unknown dialect "nosuch" for --dialect; the CLI knows: mysql, postgres, sqlite`},
+		{dsn: "", dialect: "nosuch", err: `unknown dialect "nosuch"`},
 		{dsn: "mysql://root@127.0.0.1/test", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "root@tcp(127.0.0.1:3306)/test?parseTime=true"},
 		{dsn: "mysql://u:p%40ss@db:3307/app?timeout=5s", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "u:p@ss@tcp(db:3307)/app?parseTime=true&timeout=5s"},
 		{dsn: "root@tcp(127.0.0.1:3306)/test", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "root@tcp(127.0.0.1:3306)/test?parseTime=true"},
@@ -1324,6 +1325,38 @@ func TestBadInputPostgres(t *testing.T) {
 
 // TestUnknownDSNNamesIt: a DSN of no known form is quoted (user
 // information hidden) with the forms that are known, on one line, exit 2.
+// TestUnknownDialectNamesIt: an unknown --dialect is named with the
+// dialects the CLI has backends for, and no advice to import a package
+// (which a user of the tool cannot do), whatever the command and whether
+// or not a DSN is given.
+func TestUnknownDialectNamesIt(t *testing.T) {
+	t.Setenv(dsnEnv, "")
+	path := migrated(t)
+	const known = "mysql, postgres, sqlite" // the built-in backends
+	if got := backendNames(); got != known {
+		t.Fatalf("backendNames() = %q, want the built-in %q", got, known)
+	}
+	for _, args := range [][]string{
+		{"check", "--dialect", "oracle"},
+		{"check", "--dialect", "oracle", "--dsn", "x"},
+		{"status", "--dialect", "oracle", "--dsn", path},
+		{"status", "--dialect", "oracle"},
+		{"migrate", "status", "--dialect", "oracle", "--dsn", path},
+		{"sweep", "--dialect", "oracle", "--dsn", unreachableDSN},
+		{"drop", "--dialect", "oracle", "--dsn", path, "--yes"},
+	} {
+		r := cli(t, args...)
+		want := "sqlease " + args[0] + `: unknown dialect "oracle" for --dialect; the CLI knows: ` + known + "\n"
+		if r.code != 2 || r.stderr != want || r.stdout != "" {
+			t.Errorf("%q: want exit 2 and stderr %q, got %v", args, want, r)
+		}
+	}
+	// The database was not touched by the drop above.
+	if r := cli(t, "status", "--dsn", path); r.code != 0 {
+		t.Errorf("status after drop --dialect oracle: want exit 0, got %v", r)
+	}
+}
+
 func TestUnknownDSNNamesIt(t *testing.T) {
 	for _, tc := range []struct{ dsn, want, hidden string }{
 		{"app.txt", `DSN "app.txt"`, ""},

@@ -82,25 +82,23 @@ type target struct {
 // the registered Backend whose Match claims the DSN. Errors are usage
 // errors (exit 2).
 func resolve(dsn, dialectName string) (target, error) {
+	var b Backend
+	if dialectName != "" {
+		var err error
+		if b, err = dialectBackend(dialectName); err != nil {
+			return target{}, err
+		}
+	}
 	if dsn == "" {
 		return target{}, usageErr("no database: pass --dsn DSN or set $%s", dsnEnv)
 	}
-	var b Backend
-	if dialectName != "" {
-		if _, err := dialect.Lookup(dialectName); err != nil {
-			return target{}, usageErr("%v", err)
-		}
-		var ok bool
-		if b, ok = backendFor(dialectName); !ok {
-			return target{}, usageErr("dialect %q has no database/sql driver in this program (registered: %s; see cli.RegisterBackend)", dialectName, backendNames())
-		}
-	} else {
+	if dialectName == "" {
 		var ok bool
 		var err error
 		if b, ok, err = matchBackend(dsn); err != nil {
 			return target{}, usageErr("%v", err)
 		} else if !ok {
-			return target{}, usageErr("cannot tell the dialect of DSN %q: it has none of the forms %s; pass --dialect NAME (registered: %s)", redactDSN(dsn), dsnForms(), backendNames())
+			return target{}, usageErr("cannot tell the dialect of DSN %q: it has none of the forms %s; pass --dialect NAME (the CLI knows: %s)", redactDSN(dsn), dsnForms(), backendNames())
 		}
 	}
 	d, err := dialect.Lookup(b.Dialect)
@@ -114,6 +112,22 @@ func resolve(dsn, dialectName string) (target, error) {
 		}
 	}
 	return t, nil
+}
+
+// dialectBackend returns the backend of the dialect named by --dialect.
+// A name the CLI has no backend for is a usage error naming it and listing
+// the names it has (the registered backends): the library's advice to
+// import a dialect package is no help to someone running the tool.
+func dialectBackend(name string) (Backend, error) {
+	if b, ok := backendFor(name); ok {
+		return b, nil
+	}
+	if _, err := dialect.Lookup(name); err == nil {
+		// A dialect linked into this program without a Backend: a
+		// mistake of whoever built it.
+		return Backend{}, usageErr("dialect %q has no database/sql driver in this program (the CLI knows: %s; see cli.RegisterBackend)", name, backendNames())
+	}
+	return Backend{}, usageErr("unknown dialect %q for --dialect; the CLI knows: %s", name, backendNames())
 }
 
 // open resolves the flags, opens the database and pings it. With mustExist,
