@@ -30,7 +30,11 @@ type Backend struct {
 	Match func(dsn string) bool
 	// DSN converts the DSN the operator gave into the one the driver
 	// takes, and names the database file when the database is a local file
-	// (SQLite), "" otherwise. Nil: the DSN is passed as is.
+	// (SQLite), "" otherwise. Nil: the DSN is passed as is. It should parse
+	// the DSN as the driver will: an error means the DSN is malformed, and
+	// the CLI reports `malformed <dialect> DSN "<DSN, password hidden>":
+	// <error>` (exit 2) without trying to connect, so the error gives the
+	// reason and need not quote the DSN.
 	DSN func(dsn string) (driverDSN, file string, err error)
 	// Check returns the conformance configuration `sqlease check` runs
 	// with: every case must get a database of its own (for example a fresh
@@ -134,6 +138,40 @@ func dsnForms() string {
 // passwordParam matches a password given as a DSN parameter (keyword/value
 // or URL query form).
 var passwordParam = regexp.MustCompile(`(?i)(password=)('[^']*'|[^\s&]*)`)
+
+// malformedDSN is the usage error for a DSN that does not parse: it names
+// the dialect, the DSN with its password hidden and the parser's reason,
+// with any password the reason quotes hidden too.
+func malformedDSN(dialectName, dsn string, reason error) error {
+	return usageErr("malformed %s DSN %q: %s", dialectName, redactDSN(dsn), scrubSecrets(reason.Error(), dsn))
+}
+
+// scrubSecrets replaces in msg the parts of dsn that redactDSN hides (the
+// user information and password=... values) when msg quotes them, as a
+// parser's error may. Values shorter than four bytes are left: they are
+// too likely to occur in the message by chance.
+func scrubSecrets(msg, dsn string) string {
+	var secrets []string
+	for _, m := range passwordParam.FindAllStringSubmatch(dsn, -1) {
+		secrets = append(secrets, strings.Trim(m[2], "'"))
+	}
+	if at := strings.LastIndex(dsn, "@"); at >= 0 {
+		userinfo := dsn[:at]
+		if i := strings.Index(userinfo, "://"); i >= 0 {
+			userinfo = userinfo[i+3:]
+		}
+		secrets = append(secrets, userinfo)
+		if _, pass, ok := strings.Cut(userinfo, ":"); ok {
+			secrets = append(secrets, pass)
+		}
+	}
+	for _, s := range secrets {
+		if len(s) >= 4 {
+			msg = strings.ReplaceAll(msg, s, "***")
+		}
+	}
+	return msg
+}
 
 // redactDSN hides the user information of dsn (everything before its last
 // "@", after any "scheme://") and any password=... parameter, so an error

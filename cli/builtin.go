@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sqlease/sqlease/conformance"
 	"github.com/sqlease/sqlease/conformance/conftest" // registers the built-in dialects and drivers
@@ -24,6 +27,17 @@ func init() {
 		Forms:   "postgres://... or postgresql://...",
 		Match: func(dsn string) bool {
 			return hasPrefixFold(dsn, "postgres://") || hasPrefixFold(dsn, "postgresql://")
+		},
+		DSN: func(dsn string) (string, string, error) {
+			// Match takes the scheme in any case, as URLs do; pgx only
+			// takes it in lower case.
+			for _, scheme := range []string{"postgresql://", "postgres://"} {
+				if rest, ok := cutPrefixFold(dsn, scheme); ok {
+					dsn = scheme + rest
+					break
+				}
+			}
+			return dsn, "", parsePostgresDSN(dsn)
 		},
 		Check: func(ctx context.Context, dsn, _ string) (conformance.Config, func() error, error) {
 			return conftest.Postgres(dsn), nil, nil
@@ -85,6 +99,24 @@ func init() {
 	})
 }
 
+// parsePostgresDSN parses dsn as pgx's database/sql driver will when it
+// connects (pgx.ParseConfig: a URL or keyword/value DSN, plus the PG*
+// environment variables), so that a malformed DSN is reported as such
+// instead of as an unreachable database. The error is the parser's reason
+// without the DSN.
+func parsePostgresDSN(dsn string) error {
+	_, err := pgx.ParseConfig(dsn)
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	// ParseConfigError reads "cannot parse `DSN`: reason"; with the DSN
+	// left out (a copy without ConnString), the reason remains.
+	reason := *pe
+	reason.ConnString = ""
+	return errors.New(strings.TrimPrefix(reason.Error(), "cannot parse ``: "))
+}
+
 // sqliteBusyTimeoutMS is added to SQLite DSNs that set no busy timeout, so
 // the tool waits for the application's writers instead of failing with
 // SQLITE_BUSY.
@@ -127,6 +159,12 @@ func mysqlDSN(dsn string) (string, error) {
 	if hasPrefixFold(dsn, "mysql://") || hasPrefixFold(dsn, "mariadb://") {
 		u, err := url.Parse(dsn)
 		if err != nil {
+			// A *url.Error quotes the whole URL, password included: keep
+			// the reason only.
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
 			return "", err
 		}
 		cfg := mysql.NewConfig()

@@ -88,10 +88,13 @@
 //
 // Exit codes: 0 success; 1 a conformance case failed, a database operation
 // failed or a confirmation was declined; 2 bad usage (every bad input: an
-// unknown flag or argument, a key prefix that is not valid UTF-8, has a
-// NUL or is over 512 bytes, a bad or reserved schema such as pg_catalog, a
-// missing --yes), an unreachable database or lock tables that are not
-// migrated (status, sweep). migrate status exits 0 with migrations pending,
+// unknown flag or argument, an unknown --dialect, a malformed DSN, a key
+// prefix that is not valid UTF-8, has a NUL or is over 512 bytes, a bad or
+// reserved schema such as pg_catalog, a missing --yes), an unreachable
+// database or lock tables that are not migrated (status, sweep). A DSN its
+// driver cannot parse is reported as `malformed postgres DSN "..."`, with
+// the parser's reason and no connection tried; one that parses but whose
+// server does not answer as "cannot reach". migrate status exits 0 with migrations pending,
 // or with a database newer than the build: it lists them and says what to
 // do; a script compares the "version" and "latest" of its --json output.
 package cli

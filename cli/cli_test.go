@@ -938,7 +938,7 @@ func TestResolve(t *testing.T) {
 		wantDSN, wantPath, err string
 	}{
 		{dsn: "postgres://u@h/db", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "postgres://u@h/db"},
-		{dsn: "PostgreSQL://u@h/db", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "PostgreSQL://u@h/db"},
+		{dsn: "PostgreSQL://u@h/db", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "postgresql://u@h/db"},
 		{dsn: "/var/lib/app/locks.db", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "/var/lib/app/locks.db?_busy_timeout=5000", wantPath: "/var/lib/app/locks.db"},
 		{dsn: "x.sqlite3", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "x.sqlite3?_busy_timeout=5000", wantPath: "x.sqlite3"},
 		{dsn: "file:/tmp/a.db?_journal_mode=WAL", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "file:/tmp/a.db?_journal_mode=WAL&_busy_timeout=5000", wantPath: "/tmp/a.db"},
@@ -1325,6 +1325,48 @@ func TestBadInputPostgres(t *testing.T) {
 
 // TestUnknownDSNNamesIt: a DSN of no known form is quoted (user
 // information hidden) with the forms that are known, on one line, exit 2.
+// TestMalformedDSN: a DSN its driver cannot parse is reported as
+// malformed, naming it with the password hidden and the parser's reason,
+// before any connection; a DSN that parses but whose server is down is
+// reported as unreachable.
+func TestMalformedDSN(t *testing.T) {
+	t.Setenv(dsnEnv, "")
+	for _, tc := range []struct {
+		dsn     []string // --dsn and any other flag
+		want    string
+		unreach bool // parses: the server is down
+	}{
+		{[]string{"postgres://root:secret@127.0.0.1:badport/test"}, `malformed postgres DSN "postgres://***@127.0.0.1:badport/test": invalid port`, false},
+		{[]string{"postgres://root@127.0.0.1:badport/test"}, `malformed postgres DSN "postgres://***@127.0.0.1:badport/test": invalid port`, false},
+		{[]string{"postgres://root:secret@127.0.0.1/test?connect_timeout=soon"}, `malformed postgres DSN "postgres://***@127.0.0.1/test?connect_timeout=soon": invalid connect_timeout`, false},
+		{[]string{"host=127.0.0.1 port=badport password=secret", "--dialect", "postgres"}, `malformed postgres DSN "host=127.0.0.1 port=badport password=***": invalid port`, false},
+		{[]string{"mysql://root:secret@127.0.0.1:badport/test"}, `malformed mysql DSN "mysql://***@127.0.0.1:badport/test": invalid port ":badport" after host`, false},
+		{[]string{"root:secret@tcp(127.0.0.1:3306/test"}, `malformed mysql DSN "***@tcp(127.0.0.1:3306/test": invalid DSN: network address not terminated`, false},
+		{[]string{"postgres://root:secret@127.0.0.1:1/test?connect_timeout=5"}, `cannot reach the postgres database postgres://***@127.0.0.1:1/test`, true},
+		{[]string{"root:secret@tcp(127.0.0.1:1)/test"}, `cannot reach the mysql database ***@tcp(127.0.0.1:1)/test`, true},
+	} {
+		for _, cmd := range [][]string{{"check"}, {"migrate"}, {"migrate", "status"}, {"status"}, {"sweep"}, {"drop", "--yes"}} {
+			args := append(append(cmd, "--dsn"), tc.dsn...)
+			r := cli(t, args...)
+			msg := strings.TrimSpace(r.stderr)
+			if r.code != 2 || !strings.HasPrefix(msg, "sqlease "+cmd[0]+": "+tc.want) || strings.Contains(msg, "\n") {
+				t.Errorf("%q: want exit 2 and one line %q, got %v", args, tc.want, r)
+			}
+			if strings.Contains(msg, "secret") {
+				t.Errorf("%q: the message shows the password: %s", args, msg)
+			}
+			if !tc.unreach && strings.Contains(msg, "cannot reach") || tc.unreach && strings.Contains(msg, "malformed") {
+				t.Errorf("%q: malformed and unreachable confused: %s", args, msg)
+			}
+		}
+	}
+	// A reason that quotes the password has it hidden too.
+	err := malformedDSN("mysql", "root:hunter22@tcp(h)/db", errors.New(`bad password "hunter22"`))
+	if got, want := err.Error(), `malformed mysql DSN "***@tcp(h)/db": bad password "***"`; got != want {
+		t.Errorf("malformedDSN = %q, want %q", got, want)
+	}
+}
+
 // TestUnknownDialectNamesIt: an unknown --dialect is named with the
 // dialects the CLI has backends for, and no advice to import a package
 // (which a user of the tool cannot do), whatever the command and whether

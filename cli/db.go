@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
@@ -108,7 +109,7 @@ func resolve(dsn, dialectName string) (target, error) {
 	t := target{dsn: dsn, driver: b.Driver, dialect: d, backend: b}
 	if b.DSN != nil {
 		if t.dsn, t.file, err = b.DSN(dsn); err != nil {
-			return target{}, usageErr("%s DSN: %v", b.Dialect, err)
+			return target{}, malformedDSN(b.Dialect, dsn, err)
 		}
 	}
 	return t, nil
@@ -145,6 +146,10 @@ func open(ctx context.Context, f *dbFlags, mustExist bool) (*sql.DB, target, err
 	}
 	db, err := sql.Open(t.driver, t.dsn)
 	if err != nil {
+		if slices.Contains(sql.Drivers(), t.driver) {
+			// The driver parses the DSN at sql.Open (driver.DriverContext).
+			return nil, t, malformedDSN(t.dialect.Name(), f.dsnValue(), err)
+		}
 		return nil, t, usageErr("open %s database: %v", t.dialect.Name(), err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
