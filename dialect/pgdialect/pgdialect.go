@@ -208,15 +208,16 @@ WHERE h.lease_id = u.id AND h.token = u.token AND h.expires_at > clock_timestamp
 RETURNING h.lease_id, {to_us}(h.expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us`,
 		// Waiters of the key are notified at commit (CapNotify), only when
 		// a waiter watches it (NOTIFY serializes committing transactions
-		// server-wide, so an unwatched release must not send one) and no
+		// server-wide, so an unwatched release must not send one): the
+		// RETURNING clause calls the {wake} function (migration 00008)
+		// only for a watched key, and an unwatched release runs only this
+		// DELETE and one watches index lookup. {wake} notifies when no
 		// other live holder of the key remains (nothing waiting could be
-		// granted then). The payload names the key's marked waiter when
+		// granted then); the payload names the key's marked waiter when
 		// there is one (chr(30) framing, see dialect.Statements.Release),
-		// so only its process wakes it (SPEC W1); the watch then stays for
-		// the waiters not woken. Otherwise the watch is consumed: the
+		// so only its process wakes it (SPEC W1), and the watch then stays
+		// for the waiters not woken. Otherwise the watch is consumed: the
 		// woken waiters that stay blocked renew it on their attempt.
-		// The other holders and the marker are read only when the key is
-		// watched: an uncontended release reads one watches index entry.
 		//
 		// A release that deletes a row commits without waiting for its WAL
 		// flush (synchronous_commit off for this statement's transaction
@@ -224,28 +225,11 @@ RETURNING h.lease_id, {to_us}(h.expires_at) AS expires_us, {to_us}(clock_timesta
 		// lease to end by expiry (SPEC H5), and the next grant of the key
 		// commits synchronously, which flushes the WAL up to and past the
 		// release. It saves one disk flush on every release and handoff.
-		Release: `WITH gone AS (
-    DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token::bigint = 0)
-    RETURNING lock_key, set_config('synchronous_commit', 'off', true)
-), seen AS (
-    SELECT g.lock_key,
-           EXISTS (SELECT 1 FROM {watches} w WHERE w.lock_key = g.lock_key AND w.expires_at > clock_timestamp()) AS watched
-    FROM gone g
-), st AS (
-    SELECT s.lock_key, s.watched,
-           s.watched AND NOT EXISTS (SELECT 1 FROM {holders} h
-                       WHERE h.lock_key = s.lock_key AND h.lease_id <> @lease_id AND h.expires_at > clock_timestamp()) AS free,
-           CASE WHEN s.watched
-                THEN (SELECT m.waiter_id FROM {markers} m WHERE m.lock_key = s.lock_key AND m.expires_at > clock_timestamp()) END AS marked
-    FROM seen s
-), woke AS (
-    DELETE FROM {watches} w USING st
-    WHERE w.lock_key = st.lock_key AND st.free AND st.marked IS NULL
-)
-SELECT st.lock_key,
-       CASE WHEN st.watched AND st.free
-            THEN pg_notify(@channel, coalesce(chr(30) || st.marked || chr(30), '') || st.lock_key) END
-FROM st`,
+		Release: `DELETE FROM {holders} h
+WHERE h.lease_id = @lease_id AND (h.token = @token OR @token::bigint = 0)
+RETURNING h.lock_key, set_config('synchronous_commit', 'off', true),
+    CASE WHEN EXISTS (SELECT 1 FROM {watches} w WHERE w.lock_key = h.lock_key AND w.expires_at > clock_timestamp())
+         THEN {wake}(h.lock_key, @lease_id, @channel) END`,
 		ClearMarker: `DELETE FROM {markers} WHERE lock_key = @key AND waiter_id = @lease_id`,
 		// The fence also lowers the transaction's
 		// idle_in_transaction_session_timeout to the TTL (transaction-local,

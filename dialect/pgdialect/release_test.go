@@ -3,8 +3,14 @@ package pgdialect_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/lock"
 )
@@ -54,9 +60,9 @@ func TestReleaseCommitsWithoutWaitingForFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	var key string
-	var notified sql.NullString
+	var setting, woke sql.NullString
 	args := release.Args(map[string]any{"lease_id": le.LeaseID(), "token": le.Token(), "channel": "sqlease_rel_test"})
-	if err := tx.QueryRowContext(ctx, release.SQL, args...).Scan(&key, &notified); err != nil || key != "rel" {
+	if err := tx.QueryRowContext(ctx, release.SQL, args...).Scan(&key, &setting, &woke); err != nil || key != "rel" {
 		t.Fatalf("Release in a transaction: key %q, %v; want the row of %q", key, err, "rel")
 	}
 	if got := show(tx); got != "off" {
@@ -96,5 +102,174 @@ func TestReleaseCommitsWithoutWaitingForFlush(t *testing.T) {
 	}
 	if err := le3.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReleaseWakesOnlyWatchedKeys runs the Release statement on one key's
+// rows set up by hand, one case at a time, and checks what it notifies and
+// what it leaves in the watches table (SPEC W1, W2; migration 00008 moved
+// this part into the {wake} function, called only for a watched key):
+//   - an unwatched key, or one whose watch expired: no notification, and
+//     the rows other than the released lease are untouched;
+//   - a watched key whose lease was the last live one: the key is
+//     notified and the watch consumed;
+//   - the same with a live marker: the payload names the marked waiter
+//     (chr(30) framing) and the watch stays for the others; an expired
+//     marker counts as none;
+//   - a watched key another live shared lease still holds: no
+//     notification, and the watch stays;
+//   - a wrong token: nothing is deleted, nothing notified.
+//
+// After every case the key is acquired and released through a Locker, to
+// show the rows left behind do not jam it.
+func TestReleaseWakesOnlyWatchedKeys(t *testing.T) {
+	ctx := context.Background()
+	db, d, ns, _ := schemaAt(t, "sqlease_wake_", 0)
+	release, err := dialect.Compile(d, ns, d.Statements().Release, []string{"lease_id", "token", "channel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const channel = "sqlease_wake_test"
+	listener, err := pgx.Connect(ctx, conftest.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	if _, err := listener.Exec(ctx, "LISTEN "+channel); err != nil {
+		t.Fatal(err)
+	}
+	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	holders, watches, markers := ns.Object(d, "holders"), ns.Object(d, "watches"), ns.Object(d, "markers")
+	// rows: holder lease IDs ("mode:lease:live"), the watch ("" none,
+	// "live", "expired") and the marker ("" none, "live", "expired").
+	type state struct {
+		holders       []string
+		watch, marker string
+	}
+	setup := func(key string, st state) {
+		t.Helper()
+		for _, h := range st.holders {
+			f := strings.Split(h, ":")
+			iv := "1 hour"
+			if f[2] == "expired" {
+				iv = "-1 second"
+			}
+			exec("INSERT INTO "+holders+" (lease_id, lock_key, mode, owner, token, acquired_at, expires_at) VALUES ($1, $2, $3, 'test', 1, now(), clock_timestamp() + $4::interval)", f[1], key, f[0], iv)
+		}
+		switch st.watch {
+		case "live":
+			exec("INSERT INTO "+watches+" (lock_key, expires_at) VALUES ($1, clock_timestamp() + interval '1 hour')", key)
+		case "expired":
+			exec("INSERT INTO "+watches+" (lock_key, expires_at) VALUES ($1, clock_timestamp() - interval '1 second')", key)
+		}
+		switch st.marker {
+		case "live":
+			exec("INSERT INTO "+markers+" (lock_key, waiter_id, owner, expires_at) VALUES ($1, 'W1', 'test', clock_timestamp() + interval '1 hour')", key)
+		case "expired":
+			exec("INSERT INTO "+markers+" (lock_key, waiter_id, owner, expires_at) VALUES ($1, 'W1', 'test', clock_timestamp() - interval '1 second')", key)
+		}
+	}
+	count := func(table, key string) int {
+		t.Helper()
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+table+" WHERE lock_key = $1", key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// notification returns the payload sent on channel, or "" when none
+	// arrives within wait.
+	notification := func(wait time.Duration) string {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			if wctx.Err() != nil {
+				return ""
+			}
+			t.Fatal(err)
+		}
+		return n.Payload
+	}
+
+	cases := []struct {
+		name        string
+		st          state
+		lease       string
+		token       int64
+		wantRows    int
+		wantPayload string // with key for %s
+		wantWatch   int
+	}{
+		{"unwatched", state{holders: []string{"x:L:live"}}, "L", 1, 1, "", 0},
+		{"watch expired", state{holders: []string{"x:L:live"}, watch: "expired"}, "L", 1, 1, "", 1},
+		{"watched, last lease", state{holders: []string{"x:L:live"}, watch: "live"}, "L", 1, 1, "%s", 0},
+		{"watched, expired lease released", state{holders: []string{"x:L:expired"}, watch: "live"}, "L", 0, 1, "%s", 0},
+		{"watched, other lease expired", state{holders: []string{"s:L:live", "s:O:expired"}, watch: "live"}, "L", 1, 1, "%s", 0},
+		{"watched, marked", state{holders: []string{"x:L:live"}, watch: "live", marker: "live"}, "L", 1, 1, "\x1eW1\x1e%s", 1},
+		{"watched, marker expired", state{holders: []string{"x:L:live"}, watch: "live", marker: "expired"}, "L", 1, 1, "%s", 0},
+		{"watched, another shared lease live", state{holders: []string{"s:L:live", "s:O:live"}, watch: "live"}, "L", 1, 1, "", 1},
+		{"wrong token", state{holders: []string{"x:L:live"}, watch: "live"}, "L", 2, 0, "", 1},
+		{"unknown lease", state{watch: "live"}, "nobody", 0, 0, "", 1},
+	}
+	for i, c := range cases {
+		key := fmt.Sprintf("wake%d", i)
+		setup(key, c.st)
+		rows, err := db.QueryContext(ctx, release.SQL, release.Args(map[string]any{"lease_id": c.lease, "token": c.token, "channel": channel})...)
+		if err != nil {
+			t.Fatalf("%s: release: %v", c.name, err)
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatalf("%s: release: %v", c.name, err)
+		}
+		rows.Close()
+		if n != c.wantRows {
+			t.Errorf("%s: release returned %d rows, want %d", c.name, n, c.wantRows)
+		}
+		want := ""
+		if c.wantPayload != "" {
+			want = fmt.Sprintf(c.wantPayload, key)
+		}
+		wait := 3 * time.Second
+		if want == "" {
+			wait = 300 * time.Millisecond
+		}
+		if got := notification(wait); got != want {
+			t.Errorf("%s: notification %q, want %q", c.name, got, want)
+		}
+		if got := count(watches, key); got != c.wantWatch {
+			t.Errorf("%s: %d watch rows left, want %d", c.name, got, c.wantWatch)
+		}
+		if got, want := count(holders, key), len(c.st.holders)-c.wantRows; got != want {
+			t.Errorf("%s: %d holder rows left, want %d", c.name, got, want)
+		}
+
+		// Clear the case's rows; the key is then free for a Locker.
+		for _, tb := range []string{holders, watches, markers} {
+			exec("DELETE FROM "+tb+" WHERE lock_key = $1", key)
+		}
+		le, err := l.TryAcquire(ctx, key, lock.Exclusive)
+		if err != nil {
+			t.Fatalf("%s: TryAcquire after the case: %v", c.name, err)
+		}
+		if err := le.Release(ctx); err != nil {
+			t.Fatalf("%s: Release after the case: %v", c.name, err)
+		}
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
 
@@ -235,14 +237,19 @@ func TestUpgradeToVersion7PlansOnce(t *testing.T) {
 
 	if _, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema)); err == nil {
 		t.Fatal("lock.New on a version-6 schema: want a *lock.SchemaError, got nil")
-	} else if se := (*lock.SchemaError)(nil); !errors.As(err, &se) || se.Current != 6 || se.Want != 7 {
-		t.Fatalf("lock.New on a version-6 schema: %v, want a *lock.SchemaError at 6 of 7", err)
+	} else if se := (*lock.SchemaError)(nil); !errors.As(err, &se) || se.Current != 6 || se.Want < 7 {
+		t.Fatalf("lock.New on a version-6 schema: %v, want a *lock.SchemaError at 6 of 7 or later", err)
 	}
-	applied, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns))
-	if err != nil || len(applied) != 1 || !strings.HasPrefix(applied[0], "00007_") {
-		t.Fatalf("Up from version 6 applied %v, %v; want 00007 alone", applied, err)
+	applied, err := p.UpTo(ctx, 7)
+	if err != nil || len(applied) != 1 || applied[0].Source.Version != 7 {
+		t.Fatalf("Up to 7 from version 6 applied %v, %v; want 00007 alone", applied, err)
 	}
 	check("version 7", true)
+	// This build needs later migrations too (00008 changes neither function).
+	if _, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	check("latest", true)
 
 	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema))
 	if err != nil {
@@ -287,8 +294,173 @@ func TestUpgradeToVersion7PlansOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("after Down to 6", false)
-	if applied, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil || len(applied) != 1 {
+	if applied, err := p.UpTo(ctx, 7); err != nil || len(applied) != 1 {
 		t.Fatalf("Up after Down: %v, %v", applied, err)
 	}
 	check("after Up again", true)
+}
+
+// releaseV7 is the Release statement of the builds before migration 00008,
+// which they keep sending while a newer build upgrades the tables.
+const releaseV7 = `WITH gone AS (
+    DELETE FROM {holders} WHERE lease_id = @lease_id AND (token = @token OR @token::bigint = 0)
+    RETURNING lock_key, set_config('synchronous_commit', 'off', true)
+), seen AS (
+    SELECT g.lock_key,
+           EXISTS (SELECT 1 FROM {watches} w WHERE w.lock_key = g.lock_key AND w.expires_at > clock_timestamp()) AS watched
+    FROM gone g
+), st AS (
+    SELECT s.lock_key, s.watched,
+           s.watched AND NOT EXISTS (SELECT 1 FROM {holders} h
+                       WHERE h.lock_key = s.lock_key AND h.lease_id <> @lease_id AND h.expires_at > clock_timestamp()) AS free,
+           CASE WHEN s.watched
+                THEN (SELECT m.waiter_id FROM {markers} m WHERE m.lock_key = s.lock_key AND m.expires_at > clock_timestamp()) END AS marked
+    FROM seen s
+), woke AS (
+    DELETE FROM {watches} w USING st
+    WHERE w.lock_key = st.lock_key AND st.free AND st.marked IS NULL
+)
+SELECT st.lock_key,
+       CASE WHEN st.watched AND st.free
+            THEN pg_notify(@channel, coalesce(chr(30) || st.marked || chr(30), '') || st.lock_key) END
+FROM st`
+
+// TestUpgradeToVersion8ReleasesWithWake: migration 00008 drops the holders
+// table's CHECK on mode (the acquire functions refuse any other mode) and
+// adds the {wake} function this build's Release calls for watched keys.
+// On a version-7 schema where an old build holds a key that its own marked
+// waiter watches, this build refuses to start and Up applies only 00008.
+// The old build's release (its common table expression) still works on
+// version 8 and names the marked waiter, which is then granted with a
+// greater token (SPEC S3, W1); this build's Locker works on the key after
+// it. A mode other than x or s is still refused, by the function. Down to 7
+// restores the CHECK and drops {wake}; Up applies 00008 again.
+func TestUpgradeToVersion8ReleasesWithWake(t *testing.T) {
+	ctx := context.Background()
+	db, d, ns, p := schemaAt(t, "sqlease_up8_", 7)
+	holders := ns.Object(d, "holders")
+	hasCheck := func() bool {
+		t.Helper()
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'c'", holders).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	hasWake := func() bool {
+		t.Helper()
+		var ok bool
+		if err := db.QueryRowContext(ctx, "SELECT to_regprocedure($1) IS NOT NULL", ns.Object(d, "wake")+"(text, text, text)").Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !hasCheck() || hasWake() {
+		t.Fatalf("version 7: CHECK %v, {wake} %v; want the CHECK and no {wake}", hasCheck(), hasWake())
+	}
+
+	// An old build's lease, and its waiter's marker and watch on the key.
+	acquire := "SELECT granted, lease_id, token FROM " + ns.Object(d, "acquire") + "($1, 'x', $2, 'old-build', 60000000, $3, $4) WHERE granted OR lease_id = $2"
+	var granted bool
+	var leaseID string
+	var token int64
+	if err := db.QueryRowContext(ctx, acquire, "up8", "L-old", 0, 0).Scan(&granted, &leaseID, &token); err != nil || !granted {
+		t.Fatalf("version-7 acquire: granted %v, %v", granted, err)
+	}
+	if err := db.QueryRowContext(ctx, acquire, "up8", "L-waiter", 5_000_000, 5_000_000).Scan(&granted, &leaseID, new(int64)); err != nil || granted || leaseID != "L-waiter" {
+		t.Fatalf("version-7 waiter: granted %v, marker %q, %v; want refused with its marker", granted, leaseID, err)
+	}
+
+	if _, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema)); err == nil {
+		t.Fatal("lock.New on a version-7 schema: want a *lock.SchemaError, got nil")
+	} else if se := (*lock.SchemaError)(nil); !errors.As(err, &se) || se.Current != 7 || se.Want != 8 {
+		t.Fatalf("lock.New on a version-7 schema: %v, want a *lock.SchemaError at 7 of 8", err)
+	}
+	applied, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns))
+	if err != nil || len(applied) != 1 || !strings.HasPrefix(applied[0], "00008_") {
+		t.Fatalf("Up from version 7 applied %v, %v; want 00008 alone", applied, err)
+	}
+	if hasCheck() || !hasWake() {
+		t.Fatalf("version 8: CHECK %v, {wake} %v; want no CHECK and {wake}", hasCheck(), hasWake())
+	}
+
+	// The old build releases with its own statement; the notification
+	// names its marked waiter.
+	const channel = "sqlease_up8_test"
+	listener, err := pgx.Connect(ctx, conftest.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	if _, err := listener.Exec(ctx, "LISTEN "+channel); err != nil {
+		t.Fatal(err)
+	}
+	old, err := dialect.Compile(d, ns, releaseV7, []string{"lease_id", "token", "channel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key string
+	var payload sql.NullString
+	if err := db.QueryRowContext(ctx, old.SQL, old.Args(map[string]any{"lease_id": "L-old", "token": token, "channel": channel})...).Scan(&key, &payload); err != nil || key != "up8" {
+		t.Fatalf("old build's release on version 8: key %q, %v", key, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	n, err := listener.WaitForNotification(wctx)
+	cancel()
+	if err != nil || n.Payload != "\x1eL-waiter\x1eup8" {
+		t.Fatalf("notification of the old build's release: %+v, %v; want the marked waiter named", n, err)
+	}
+	var next int64
+	if err := db.QueryRowContext(ctx, acquire, "up8", "L-waiter", 5_000_000, 5_000_000).Scan(&granted, &leaseID, &next); err != nil || !granted || leaseID != "L-waiter" {
+		t.Fatalf("marked waiter after the release: granted %v (%q), %v", granted, leaseID, err)
+	}
+	if next <= token {
+		t.Errorf("token %d after %d: want it greater (SPEC S3)", next, token)
+	}
+
+	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	if _, err := l.TryAcquire(ctx, "up8", lock.Exclusive); !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("TryAcquire of a key the old build's waiter holds: %v, want ErrLocked", err)
+	}
+	if _, err := db.ExecContext(ctx, "DELETE FROM "+holders+" WHERE lease_id = 'L-waiter'"); err != nil {
+		t.Fatal(err)
+	}
+	le, err := l.TryAcquire(ctx, "up8", lock.Exclusive)
+	if err != nil {
+		t.Fatalf("TryAcquire of the free key: %v", err)
+	}
+	if le.Token() <= next {
+		t.Errorf("token %d after %d: want it greater (SPEC S3)", le.Token(), next)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Without the CHECK, the function still refuses another mode, and
+	// writes nothing.
+	_, err = db.ExecContext(ctx, "SELECT * FROM "+ns.Object(d, "acquire")+"('up8', 'z', 'L-bad', 'test', 60000000, 0, 0)")
+	if pe := (*pgconn.PgError)(nil); !errors.As(err, &pe) || pe.Code != "22023" {
+		t.Fatalf("acquire with mode z: %v, want SQLSTATE 22023", err)
+	}
+	var rows int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+holders).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("holder rows after the refused mode: %d, %v; want 0", rows, err)
+	}
+
+	if _, err := p.DownTo(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	if !hasCheck() || hasWake() {
+		t.Fatalf("after Down to 7: CHECK %v, {wake} %v; want the CHECK back and no {wake}", hasCheck(), hasWake())
+	}
+	if applied, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil || len(applied) != 1 {
+		t.Fatalf("Up after Down: %v, %v", applied, err)
+	}
+	if hasCheck() || !hasWake() {
+		t.Fatalf("after Up again: CHECK %v, {wake} %v", hasCheck(), hasWake())
+	}
 }

@@ -1,0 +1,77 @@
+-- sqlease: cheaper grants and releases on the server (docs/performance.md,
+-- "Server instructions per acquire and release").
+--
+-- 1. The holders table loses its CHECK (mode IN ('x', 's')). PostgreSQL
+--    reads a CHECK constraint's expression back from its stored text and
+--    prepares it on every statement that inserts a row: about 25,000 of the
+--    server's 430,000 instructions per TryAcquire + Release. Every row of
+--    the table is inserted by an acquire function, and both refuse any other
+--    mode (SQLSTATE 22023) before they write, so the constraint guarded
+--    nothing the functions do not.
+--
+-- 2. The wake function: the part of a release that runs only when a waiter
+--    watches the key (is another live holder left, is a writer marked,
+--    consume the watch, notify). The Release statement of this build is a
+--    single DELETE that calls it from its RETURNING clause only for a
+--    watched key, so an unwatched release no longer starts the statements
+--    it does not run: about 72,000 instructions less per release. Releases
+--    of older builds (their common table expression) work unchanged on this
+--    version. The function plans its statements once per connection, with
+--    index scans only (as 00007 does for the acquire functions). Its reads
+--    take a snapshot newer than the DELETE's; they judge only whom to wake,
+--    and a newer view is as good a hint.
+--
+-- {name} markers are rendered by the migrate package; do not run this file
+-- as is.
+
+-- +goose Up
+-- +goose StatementBegin
+DO $do$
+DECLARE
+    c name;
+BEGIN
+    FOR c IN SELECT conname FROM pg_constraint
+             WHERE conrelid = '{holders}'::regclass AND contype = 'c'
+               AND pg_get_constraintdef(oid) LIKE '%mode%'
+    LOOP
+        EXECUTE format('ALTER TABLE {holders} DROP CONSTRAINT %I', c);
+    END LOOP;
+END
+$do$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION {wake}(p_key text, p_lease_id text, p_channel text) RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+DECLARE
+    v_marked text;
+BEGIN
+    -- Another live holder of the key remains (a shared lease): nothing
+    -- waiting could be granted now, so no one is woken and the watch stays.
+    IF EXISTS (SELECT 1 FROM {holders} h
+               WHERE h.lock_key = p_key AND h.lease_id <> p_lease_id AND h.expires_at > clock_timestamp()) THEN
+        RETURN NULL;
+    END IF;
+    -- A marked writer is woken alone (SPEC W1): the payload names it, and
+    -- the watch stays for the waiters not woken. Otherwise the watch is
+    -- consumed: the woken waiters that stay blocked renew it on their
+    -- attempt.
+    SELECT m.waiter_id INTO v_marked
+    FROM {markers} m WHERE m.lock_key = p_key AND m.expires_at > clock_timestamp();
+    IF v_marked IS NULL THEN
+        DELETE FROM {watches} w WHERE w.lock_key = p_key;
+    END IF;
+    -- Sent at commit, only if the release commits.
+    PERFORM pg_notify(p_channel, coalesce(chr(30) || v_marked || chr(30), '') || p_key);
+    RETURN p_key;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- +goose Down
+DROP FUNCTION {wake}(text, text, text);
+ALTER TABLE {holders} ADD CHECK (mode IN ('x', 's'));
