@@ -13,6 +13,7 @@
 //	go run ./bench --dsn postgres://...          # PostgreSQL, fresh schema (dropped after)
 //	go run ./bench --quick --json results.jsonl  # shorter; JSON lines
 //	go run ./bench --only handoff,takeover       # some figures only
+//	bash bench/server-instructions.sh            # PostgreSQL server instructions per operation (callgrind)
 //
 // Every figure interleaves rounds of sqlease and of its baselines (sqlease
 // round, baseline round, ...) and reports medians and p99s; each says
@@ -36,6 +37,8 @@ func main() {
 	case "":
 	case "herd":
 		os.Exit(herdChildMain())
+	case "serverops":
+		os.Exit(serverOpsMain())
 	default:
 		os.Exit(childMain())
 	}
