@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/lock"
 )
@@ -130,14 +127,7 @@ func TestReleaseWakesOnlyWatchedKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	const channel = "sqlease_wake_test"
-	listener, err := pgx.Connect(ctx, conftest.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(context.Background())
-	if _, err := listener.Exec(ctx, "LISTEN "+channel); err != nil {
-		t.Fatal(err)
-	}
+	listener := listen(t, channel)
 	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema))
 	if err != nil {
 		t.Fatal(err)

@@ -108,16 +108,7 @@ func TestUpgradeToVersion6InlinesToUS(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "DELETE FROM "+ns.Object(d, "holders")+" WHERE lease_id = $1", leaseID); err != nil {
 		t.Fatal(err)
 	}
-	le, err := l.TryAcquire(ctx, "up6", lock.Exclusive)
-	if err != nil {
-		t.Fatalf("TryAcquire after the old lease was released: %v", err)
-	}
-	if le.Token() <= token {
-		t.Errorf("token %d after %d: want it greater (SPEC S3)", le.Token(), token)
-	}
-	if err := le.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	grantAbove(t, l, "up6", token)
 
 	// Down to 5 restores the IMMUTABLE function; 00006 applies again.
 	if _, err := p.DownTo(ctx, 5); err != nil {
@@ -279,16 +270,7 @@ func TestUpgradeToVersion7PlansOnce(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "DELETE FROM "+ns.Object(d, "holders")+" WHERE lease_id = 'L-waiter'"); err != nil {
 		t.Fatal(err)
 	}
-	le, err := l.TryAcquire(ctx, "up7", lock.Exclusive)
-	if err != nil {
-		t.Fatalf("TryAcquire of the free key: %v", err)
-	}
-	if le.Token() <= next {
-		t.Errorf("token %d after %d: want it greater (SPEC S3)", le.Token(), next)
-	}
-	if err := le.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	grantAbove(t, l, "up7", next)
 
 	if _, err := p.DownTo(ctx, 6); err != nil {
 		t.Fatal(err)
@@ -387,14 +369,7 @@ func TestUpgradeToVersion8ReleasesWithWake(t *testing.T) {
 	// The old build releases with its own statement; the notification
 	// names its marked waiter.
 	const channel = "sqlease_up8_test"
-	listener, err := pgx.Connect(ctx, conftest.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(context.Background())
-	if _, err := listener.Exec(ctx, "LISTEN "+channel); err != nil {
-		t.Fatal(err)
-	}
+	listener := listen(t, channel)
 	old, err := dialect.Compile(d, ns, releaseV7, []string{"lease_id", "token", "channel"})
 	if err != nil {
 		t.Fatal(err)
@@ -429,16 +404,7 @@ func TestUpgradeToVersion8ReleasesWithWake(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "DELETE FROM "+holders+" WHERE lease_id = 'L-waiter'"); err != nil {
 		t.Fatal(err)
 	}
-	le, err := l.TryAcquire(ctx, "up8", lock.Exclusive)
-	if err != nil {
-		t.Fatalf("TryAcquire of the free key: %v", err)
-	}
-	if le.Token() <= next {
-		t.Errorf("token %d after %d: want it greater (SPEC S3)", le.Token(), next)
-	}
-	if err := le.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	grantAbove(t, l, "up8", next)
 
 	// Without the CHECK, the function still refuses another mode, and
 	// writes nothing.
@@ -463,4 +429,37 @@ func TestUpgradeToVersion8ReleasesWithWake(t *testing.T) {
 	if hasCheck() || !hasWake() {
 		t.Fatalf("after Up again: CHECK %v, {wake} %v", hasCheck(), hasWake())
 	}
+}
+
+// grantAbove checks that key is free for l: TryAcquire grants it with a
+// token greater than after (SPEC S3), and the lease is released.
+func grantAbove(t *testing.T, l *lock.Locker, key string, after int64) {
+	t.Helper()
+	ctx := context.Background()
+	le, err := l.TryAcquire(ctx, key, lock.Exclusive)
+	if err != nil {
+		t.Fatalf("TryAcquire of the free key %q: %v", key, err)
+	}
+	if le.Token() <= after {
+		t.Errorf("token %d after %d: want it greater (SPEC S3)", le.Token(), after)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// listen returns a connection of its own that LISTENs on channel, closed
+// when t ends.
+func listen(t *testing.T, channel string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, conftest.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	if _, err := c.Exec(ctx, "LISTEN "+channel); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
