@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -462,4 +463,112 @@ func listen(t *testing.T, channel string) *pgx.Conn {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestUpgradeToVersion8KeepsLeasesMoving: dropping the CHECK locks the
+// holders table ACCESS EXCLUSIVE, and every statement on the table queues
+// behind a waiting lock request. With a fenced transaction holding a
+// holder row for 3 s, migration 00008 waits for the table in steps of at
+// most 200 ms, so an acquire of another key during the wait still
+// completes within a second (unbounded, it would queue until the acquire
+// function's own 2 s lock_timeout failed it), and the migration completes
+// once the transaction ends.
+func TestUpgradeToVersion8KeepsLeasesMoving(t *testing.T) {
+	ctx := context.Background()
+	db, d, ns, _ := schemaAt(t, "sqlease_up8w_", 7)
+	acquire := "SELECT granted FROM " + ns.Object(d, "acquire") + "($1, 'x', $2, 'test', 60000000, 0, 0) WHERE granted"
+	var granted bool
+	if err := db.QueryRowContext(ctx, acquire, "fenced", "L-fenced").Scan(&granted); err != nil {
+		t.Fatal(err)
+	}
+	// The fenced transaction: the holder row FOR KEY SHARE, as Lease.Fence.
+	fence, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fence.Rollback()
+	if _, err := fence.ExecContext(ctx, "SELECT 1 FROM "+ns.Object(d, "holders")+" WHERE lease_id = 'L-fenced' FOR KEY SHARE"); err != nil {
+		t.Fatal(err)
+	}
+	const hold = 3 * time.Second
+	fenceEnds := time.AfterFunc(hold, func() { _ = fence.Commit() })
+	defer fenceEnds.Stop()
+
+	migrated := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns))
+		migrated <- err
+	}()
+	time.Sleep(500 * time.Millisecond) // the migration is waiting for the table by now
+	for i := range 3 {
+		t0 := time.Now()
+		if err := db.QueryRowContext(ctx, acquire, fmt.Sprintf("other%d", i), fmt.Sprintf("L-other%d", i)).Scan(&granted); err != nil || !granted {
+			t.Fatalf("acquire of another key while the migration waits: granted %v, %v", granted, err)
+		}
+		if took := time.Since(t0); took > time.Second {
+			t.Errorf("acquire of another key while the migration waits took %v; want well under 1 s (the migration waits in steps of 200 ms)", took)
+		}
+	}
+	select {
+	case err := <-migrated:
+		if took := time.Since(start); err != nil || took < hold-500*time.Millisecond {
+			t.Fatalf("migrate.Up returned after %v: %v; want success after the fenced transaction ended (%v)", took, err, hold)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("migrate.Up did not finish within 30 s of the fenced transaction's start")
+	}
+	var v int64
+	if err := db.QueryRowContext(ctx, "SELECT max(version_id) FROM "+ns.VersionTable()).Scan(&v); err != nil || v != 8 {
+		t.Fatalf("version after the migration: %d, %v; want 8", v, err)
+	}
+}
+
+// TestUpgradeToVersion8GrantsWakeLikeAcquire: where EXECUTE on the acquire
+// function was revoked from PUBLIC and granted to a service role, migration
+// 00008 gives {wake} the same privileges, so that role's releases of
+// watched keys keep working; where nothing was revoked, {wake} keeps the
+// default (PUBLIC).
+func TestUpgradeToVersion8GrantsWakeLikeAcquire(t *testing.T) {
+	ctx := context.Background()
+	for _, revoked := range []bool{false, true} {
+		db, d, ns, _ := schemaAt(t, "sqlease_up8g_", 7)
+		role := ns.Schema + "_svc"
+		other := ns.Schema + "_other"
+		for _, r := range []string{role, other} {
+			if _, err := db.ExecContext(ctx, "CREATE ROLE "+d.QuoteIdent(r)); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				db.ExecContext(context.Background(), "DROP OWNED BY "+d.QuoteIdent(r))
+				db.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+d.QuoteIdent(r))
+			})
+		}
+		acq := ns.Object(d, "acquire") + "(text, text, text, text, bigint, bigint, bigint)"
+		if revoked {
+			for _, q := range []string{"REVOKE EXECUTE ON FUNCTION " + acq + " FROM PUBLIC", "GRANT EXECUTE ON FUNCTION " + acq + " TO " + d.QuoteIdent(role)} {
+				if _, err := db.ExecContext(ctx, q); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if _, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		wake := ns.Object(d, "wake") + "(text, text, text)"
+		may := func(r string) bool {
+			t.Helper()
+			var ok bool
+			if err := db.QueryRowContext(ctx, "SELECT has_function_privilege($1, $2, 'EXECUTE')", r, wake).Scan(&ok); err != nil {
+				t.Fatal(err)
+			}
+			return ok
+		}
+		if !may(role) {
+			t.Errorf("revoked %v: the service role may not execute {wake}", revoked)
+		}
+		if got := may(other); got == revoked {
+			t.Errorf("revoked %v: a role without EXECUTE on {acquire} may execute {wake}: %v, want %v", revoked, got, !revoked)
+		}
+	}
 }

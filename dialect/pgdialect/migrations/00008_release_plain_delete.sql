@@ -1,5 +1,5 @@
 -- sqlease: cheaper grants and releases on the server (docs/performance.md,
--- "Server instructions per acquire and release").
+-- "Server instructions per operation (PostgreSQL)").
 --
 -- 1. The holders table loses its CHECK (mode IN ('x', 's')). PostgreSQL
 --    reads a CHECK constraint's expression back from its stored text and
@@ -21,6 +21,17 @@
 --    take a snapshot newer than the DELETE's; they judge only whom to wake,
 --    and a newer view is as good a hint.
 --
+-- Dropping a constraint locks the table ACCESS EXCLUSIVE, and while that
+-- lock request waits (behind a fenced transaction, which holds a holder row
+-- for up to one TTL) every grant, renewal and release of every key queues
+-- behind it. So the DROP waits at most 200 ms at a time, and is tried again
+-- after a pause that lets the queued statements through, for up to about a
+-- minute; then the migration fails, changing nothing, and can be run again.
+--
+-- {wake} gets the EXECUTE privileges of {acquire}: where EXECUTE was revoked
+-- from PUBLIC and granted to the service's roles, they may call it too
+-- (otherwise their releases of watched keys would fail).
+--
 -- {name} markers are rendered by the migrate package; do not run this file
 -- as is.
 
@@ -29,13 +40,30 @@
 DO $do$
 DECLARE
     c name;
+    tries int;
+    saved text := current_setting('lock_timeout');
 BEGIN
     FOR c IN SELECT conname FROM pg_constraint
              WHERE conrelid = '{holders}'::regclass AND contype = 'c'
                AND pg_get_constraintdef(oid) LIKE '%mode%'
     LOOP
-        EXECUTE format('ALTER TABLE {holders} DROP CONSTRAINT %I', c);
+        tries := 0;
+        LOOP
+            BEGIN
+                PERFORM set_config('lock_timeout', '200ms', true);
+                EXECUTE format('ALTER TABLE {holders} DROP CONSTRAINT %I', c);
+                EXIT;
+            EXCEPTION WHEN lock_not_available THEN
+                tries := tries + 1;
+                IF tries >= 200 THEN
+                    RAISE EXCEPTION 'sqlease: migration 00008 could not lock table {holders} within 200 ms in % tries (about a minute): a transaction kept it locked (a fenced transaction holds a holder row until it ends); nothing was changed, run the migration again', tries
+                        USING ERRCODE = 'lock_not_available';
+                END IF;
+                PERFORM pg_sleep(0.1 + random() * 0.1);
+            END;
+        END LOOP;
     END LOOP;
+    PERFORM set_config('lock_timeout', saved, true);
 END
 $do$;
 -- +goose StatementEnd
@@ -72,6 +100,52 @@ END
 $fn$;
 -- +goose StatementEnd
 
+-- +goose StatementBegin
+DO $do$
+DECLARE
+    g oid;
+BEGIN
+    -- NULL proacl: the default, EXECUTE for PUBLIC, which {wake} has too.
+    IF (SELECT proacl FROM pg_proc WHERE oid = '{acquire}(text, text, text, text, bigint, bigint, bigint)'::regprocedure) IS NOT NULL THEN
+        REVOKE EXECUTE ON FUNCTION {wake}(text, text, text) FROM PUBLIC;
+        FOR g IN SELECT a.grantee FROM pg_proc p, aclexplode(p.proacl) a
+                 WHERE p.oid = '{acquire}(text, text, text, text, bigint, bigint, bigint)'::regprocedure
+                   AND a.privilege_type = 'EXECUTE'
+        LOOP
+            IF g = 0 THEN
+                GRANT EXECUTE ON FUNCTION {wake}(text, text, text) TO PUBLIC;
+            ELSE
+                EXECUTE format('GRANT EXECUTE ON FUNCTION {wake}(text, text, text) TO %s', g::regrole);
+            END IF;
+        END LOOP;
+    END IF;
+END
+$do$;
+-- +goose StatementEnd
+
 -- +goose Down
 DROP FUNCTION {wake}(text, text, text);
-ALTER TABLE {holders} ADD CHECK (mode IN ('x', 's'));
+-- +goose StatementBegin
+DO $do$
+DECLARE
+    tries int := 0;
+    saved text := current_setting('lock_timeout');
+BEGIN
+    LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', '200ms', true);
+            ALTER TABLE {holders} ADD CHECK (mode IN ('x', 's'));
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            tries := tries + 1;
+            IF tries >= 200 THEN
+                RAISE EXCEPTION 'sqlease: reverting migration 00008 could not lock table {holders} within 200 ms in % tries (about a minute); nothing was changed, run it again', tries
+                    USING ERRCODE = 'lock_not_available';
+            END IF;
+            PERFORM pg_sleep(0.1 + random() * 0.1);
+        END;
+    END LOOP;
+    PERFORM set_config('lock_timeout', saved, true);
+END
+$do$;
+-- +goose StatementEnd
