@@ -4,7 +4,7 @@
 # single-statement lease (bench/baselines.go), on a private cluster started
 # for the run. Instruction counts do not depend on the machine's load, so
 # this measures what the server does per operation even on a busy machine
-# (docs/performance.md, "Server instructions per operation").
+# (docs/performance.md, "Server instructions per operation (PostgreSQL)").
 #
 #   bash bench/server-instructions.sh            # 1,000 operations per workload
 #   N=3000 bash bench/server-instructions.sh
@@ -13,12 +13,16 @@
 # ($SQLEASE_PG_BIN, else the newest /usr/lib/postgresql/*/bin). The server
 # must not run as root: run this as OS user postgres, or as root with an OS
 # user postgres (the server then runs as postgres through runuser). Takes
-# about two minutes.
+# about a minute.
 set -euo pipefail
+shopt -s inherit_errexit
 
 cd "$(dirname "$0")/.."
-N=${N:-1000}
-case $N in '' | *[!0-9]*) echo "server-instructions: N=$N: want a whole number of operations" >&2; exit 2 ;; esac
+N=${N-1000}
+if ! [[ $N =~ ^[1-9][0-9]{0,6}$ ]]; then
+	echo "server-instructions: N='$N': want a whole number of operations from 1 to 9999999 (default 1000)" >&2
+	exit 2
+fi
 command -v valgrind >/dev/null || { echo "server-instructions: valgrind not found (apt-get install valgrind)" >&2; exit 2; }
 bin=${SQLEASE_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
 [ -x "$bin/initdb" ] && [ -x "$bin/postgres" ] || { echo "server-instructions: no initdb/postgres in '$bin'; set SQLEASE_PG_BIN" >&2; exit 2; }
@@ -79,6 +83,10 @@ done
 instructions() {
 	local pid total
 	pid=$(SQLEASE_BENCH_CHILD=serverops SQLEASE_BENCH_DSN="$dsn" SQLEASE_BENCH_OPS="$1" SQLEASE_BENCH_N="$2" "$dir/bench")
+	if ! [[ $pid =~ ^[0-9]+$ ]]; then
+		echo "server-instructions: workload $1 printed '$pid', not a server process ID" >&2
+		exit 1
+	fi
 	for _ in $(seq 1 150); do
 		total=$(sed -n "s/^==$pid== Collected : \([0-9]*\)$/\1/p" "$dir/server.log")
 		[ -n "$total" ] && { echo "$total"; return; }
@@ -89,12 +97,17 @@ instructions() {
 }
 
 echo "server instructions per operation, PostgreSQL $("$bin/postgres" --version | awk '{print $3}'), $N operations per workload, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-12s %14s %8s\n' workload instr/op "vs raw"
+printf '%-12s %-34s %14s %8s\n' workload "one operation" instr/op "vs raw"
 raw=
 for w in raw sqlease sqlease-do; do
+	case $w in
+	raw) what="upsert + delete (bench/baselines.go)" ;;
+	sqlease) what="TryAcquire + Release" ;;
+	sqlease-do) what="Do (blocking acquire + release)" ;;
+	esac
 	a=$(instructions "$w" 0)
 	b=$(instructions "$w" "$N")
 	per=$(((b - a) / N))
 	[ -n "$raw" ] || raw=$per
-	printf '%-12s %14d %7.2fx\n' "$w" "$per" "$(echo "$per / $raw" | bc -l)"
+	printf '%-12s %-34s %14d %7.2fx\n' "$w" "$what" "$per" "$(echo "$per / $raw" | bc -l)"
 done

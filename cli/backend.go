@@ -136,8 +136,9 @@ func dsnForms() string {
 }
 
 // passwordParam matches a password given as a DSN parameter (keyword/value
-// or URL query form).
-var passwordParam = regexp.MustCompile(`(?i)(password=)('[^']*'|[^\s&]*)`)
+// form, spaces around "=" allowed as libpq and pgx allow them, or URL query
+// form).
+var passwordParam = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|[^\s&]*)`)
 
 // malformedDSN is the usage error for a DSN that does not parse: it names
 // the dialect, the DSN with its password hidden and the parser's reason,
@@ -163,6 +164,10 @@ func scrubSecrets(msg, dsn string) string {
 		secrets = append(secrets, userinfo)
 		if _, pass, ok := strings.Cut(userinfo, ":"); ok {
 			secrets = append(secrets, pass)
+			// An unencoded "@" in the password: a driver that splits the
+			// user information at the first "@" quotes the rest as the
+			// host ("lookup topsecret@127.0.0.1").
+			secrets = append(secrets, strings.Split(pass, "@")...)
 		}
 	}
 	for _, s := range secrets {

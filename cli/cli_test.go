@@ -1344,6 +1344,11 @@ func TestMalformedDSN(t *testing.T) {
 		{[]string{"root:secret@tcp(127.0.0.1:3306/test"}, `malformed mysql DSN "***@tcp(127.0.0.1:3306/test": invalid DSN: network address not terminated`, false},
 		{[]string{"postgres://root:secret@127.0.0.1:1/test?connect_timeout=5"}, `cannot reach the postgres database postgres://***@127.0.0.1:1/test`, true},
 		{[]string{"root:secret@tcp(127.0.0.1:1)/test"}, `cannot reach the mysql database ***@tcp(127.0.0.1:1)/test`, true},
+		// libpq's keyword/value form allows spaces around "=".
+		{[]string{"host=127.0.0.1 port=1 user=root password = secret dbname=test connect_timeout=5", "--dialect", "postgres"}, `cannot reach the postgres database host=127.0.0.1 port=1 user=root password = *** dbname=test`, true},
+		// An unencoded "@" in the password: pgx takes "secret@127.0.0.1"
+		// as the host and its error quotes it.
+		{[]string{"postgres://root:hunter2@secret@127.0.0.1:1/test?connect_timeout=5"}, `cannot reach the postgres database postgres://***@127.0.0.1:1/test`, true},
 	} {
 		for _, cmd := range [][]string{{"check"}, {"migrate"}, {"migrate", "status"}, {"status"}, {"sweep"}, {"drop", "--yes"}} {
 			args := append(append(cmd, "--dsn"), tc.dsn...)
@@ -1352,7 +1357,7 @@ func TestMalformedDSN(t *testing.T) {
 			if r.code != 2 || !strings.HasPrefix(msg, "sqlease "+cmd[0]+": "+tc.want) || strings.Contains(msg, "\n") {
 				t.Errorf("%q: want exit 2 and one line %q, got %v", args, tc.want, r)
 			}
-			if strings.Contains(msg, "secret") {
+			if strings.Contains(msg, "secret") || strings.Contains(msg, "hunter2") {
 				t.Errorf("%q: the message shows the password: %s", args, msg)
 			}
 			if !tc.unreach && strings.Contains(msg, "cannot reach") || tc.unreach && strings.Contains(msg, "malformed") {

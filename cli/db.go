@@ -160,7 +160,7 @@ func open(ctx context.Context, f *dbFlags, mustExist bool) (*sql.DB, target, err
 		if where == "" {
 			where = redactDSN(t.dsn)
 		}
-		return nil, t, usageErr("cannot reach the %s database %s: %v", t.dialect.Name(), where, err)
+		return nil, t, usageErr("cannot reach the %s database %s: %s", t.dialect.Name(), where, scrubSecrets(err.Error(), t.dsn))
 	}
 	return db, t, nil
 }
