@@ -323,8 +323,7 @@ type Statements struct {
 	// a listed lease without a row is gone or not ours. Optional: without
 	// it the engine sends Renew once per lease (SPEC H2, S4).
 	RenewBatch string
-	// Release deletes the lease (@lease_id, @token), expired or not, and
-	// the key's idle per-key rows where nothing waits for their locks. It
+	// Release deletes the lease (@lease_id, @token), expired or not. It
 	// returns one row (whose first column is the key) per holder row
 	// deleted. @token = 0 matches any token of @lease_id: the engine uses it
 	// only to undo an acquire whose reply it never saw (lease IDs are random

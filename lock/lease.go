@@ -350,6 +350,13 @@ func (le *Lease) Renew(ctx context.Context) error {
 // was taken over or swept); the lease is then lost too (Err, Context). A
 // release that still fails at its deadline is logged at WARN and returned;
 // the row then ends by expiry, and calling Release again retries.
+//
+// A dialect may commit the release without waiting for the disk (the
+// PostgreSQL dialect does: synchronous_commit off for the release's own
+// transaction). A crash or failover of the database right after it can
+// then bring the row back: the lease ends by expiry, as after a failed
+// release (SPEC H5), at most one TTL later, and is never granted to two
+// holders, since grants commit durably.
 func (le *Lease) Release(ctx context.Context) error {
 	le.mu.Lock()
 	if le.released {

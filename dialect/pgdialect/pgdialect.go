@@ -198,8 +198,7 @@ FROM {acquire}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigi
 SET expires_at = clock_timestamp() + @ttl_us::bigint * interval '1 microsecond'
 WHERE lease_id = @lease_id AND token = @token AND expires_at > clock_timestamp()
 RETURNING {to_us}(expires_at) AS expires_us, {to_us}(clock_timestamp()) AS now_us`,
-		// The idle key row is removed only when no one holds its lock
-		// (SKIP LOCKED): release never waits behind an acquire.
+		// Every listed live lease whose token matches, in one statement.
 		RenewBatch: `UPDATE {holders} h
 SET expires_at = clock_timestamp() + @ttl_us::bigint * interval '1 microsecond'
 FROM (SELECT split_part(v, ':', 1) AS id, split_part(v, ':', 2)::bigint AS token
