@@ -390,6 +390,60 @@ func TestMigrateAdviceIsOneWording(t *testing.T) {
 	}
 }
 
+// TestMigrateAdviceRunsAsPrinted: the CLI's advice to migrate repeats the
+// connection flags the user gave (--dialect as given; --dsn only as a
+// placeholder, and not at all when the DSN came from $SQLEASE_DSN), so the
+// command it prints runs as printed, with the user's DSN in place of DSN.
+func TestMigrateAdviceRunsAsPrinted(t *testing.T) {
+	path := sqliteFile(t)
+	if err := os.WriteFile(path, nil, 0o600); err != nil { // an empty SQLite database
+		t.Fatal(err)
+	}
+	advised := regexp.MustCompile("run `(sqlease migrate up[^`]*)`")
+	for _, tc := range []struct {
+		env  bool     // the DSN from $SQLEASE_DSN
+		args []string // the command's flags besides --dsn
+		want string   // the advised command
+	}{
+		{false, []string{"--dialect", "sqlite"}, "sqlease migrate up --dialect sqlite --dsn DSN"},
+		{true, []string{"--dialect", "sqlite", "--prefix", "app_"}, "sqlease migrate up --dialect sqlite --prefix app_"},
+		{true, nil, "sqlease migrate up"},
+	} {
+		t.Setenv(dsnEnv, "")
+		args := append([]string{"status"}, tc.args...)
+		if tc.env {
+			t.Setenv(dsnEnv, path)
+		} else {
+			args = append(args, "--dsn", path)
+		}
+		r := cli(t, args...)
+		m := advised.FindStringSubmatch(r.stderr)
+		if r.code != 2 || m == nil || m[1] != tc.want {
+			t.Errorf("%q (DSN from env %v): want exit 2 advising %q, got %v", args, tc.env, tc.want, r)
+			continue
+		}
+		// Run the advice as printed (the DSN where it says DSN).
+		run := strings.Fields(strings.TrimPrefix(m[1], "sqlease "))
+		for i, a := range run {
+			if a == "DSN" {
+				run[i] = path
+			}
+		}
+		if r := cli(t, run...); r.code != 0 {
+			t.Errorf("advised %q: want exit 0, got %v", run, r)
+		}
+		if r := cli(t, args...); r.code != 0 {
+			t.Errorf("%q after the advised command: want exit 0, got %v", args, r)
+		}
+		// Fresh, unmigrated tables for the next case.
+		if err := os.WriteFile(path, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(path + "-wal")
+		os.Remove(path + "-shm")
+	}
+}
+
 func TestMigrate(t *testing.T) {
 	path := sqliteFile(t)
 	r := cli(t, "migrate", "up", "--dsn", "sqlite:"+path)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
@@ -58,6 +59,20 @@ func (f *nsFlags) register(fs *flag.FlagSet) {
 
 func (f *nsFlags) namespace() dialect.Namespace {
 	return dialect.Namespace{Schema: f.schema, Prefix: f.prefix}
+}
+
+// connAdvice returns the connection flags to repeat in advice to run
+// another command: --dialect as given, and "--dsn DSN" (a placeholder: the
+// advice never prints the DSN) unless the DSN came from $SQLEASE_DSN.
+func (f *dbFlags) connAdvice() string {
+	var parts []string
+	if f.dialect != "" {
+		parts = append(parts, "--dialect "+f.dialect)
+	}
+	if f.dsn != "" {
+		parts = append(parts, "--dsn DSN")
+	}
+	return strings.Join(parts, " ")
 }
 
 // dsnValue returns --dsn, else $SQLEASE_DSN.
@@ -214,7 +229,7 @@ func (c *dbCmd) locker(ctx context.Context) (l *lock.Locker, closeAll func(), er
 	if err != nil {
 		return nil, nil, err
 	}
-	if l, err = newLocker(ctx, db, t, ns); err != nil {
+	if l, err = newLocker(ctx, db, t, ns, advice.MigrateUpWith(ns, c.db.connAdvice())); err != nil {
 		db.Close()
 		return nil, nil, err
 	}
@@ -262,8 +277,8 @@ func noArgs(args []string) error {
 }
 
 // newLocker builds a Locker on db for the operator commands. Lock tables
-// that are missing or old are a usage error (exit 2) telling to migrate.
-func newLocker(ctx context.Context, db *sql.DB, t target, ns dialect.Namespace) (*lock.Locker, error) {
+// that are missing or old are a usage error (exit 2) giving migrateAdvice.
+func newLocker(ctx context.Context, db *sql.DB, t target, ns dialect.Namespace, migrateAdvice string) (*lock.Locker, error) {
 	l, err := lock.New(ctx, db, t.dialect,
 		lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix),
 		lock.WithLogger(slog.New(slog.DiscardHandler)))
@@ -272,10 +287,10 @@ func newLocker(ctx context.Context, db *sql.DB, t target, ns dialect.Namespace) 
 	case errors.As(err, &se):
 		if se.Current == 0 {
 			return nil, usageErr("the lock tables are not migrated (%s is at version 0, need %d): %s",
-				se.Table, se.Want, advice.MigrateUp(ns))
+				se.Table, se.Want, migrateAdvice)
 		}
 		return nil, usageErr("the lock tables are at version %d (%s), this build needs %d: %s (`sqlease migrate status` lists what is pending)",
-			se.Current, se.Table, se.Want, advice.MigrateUp(ns))
+			se.Current, se.Table, se.Want, migrateAdvice)
 	case errors.Is(err, lock.ErrInvalidInput), errors.Is(err, dialect.ErrInvalidName):
 		return nil, inputUsageErr(err)
 	case err != nil:

@@ -101,7 +101,7 @@ func setupMigrate(fs *flag.FlagSet, out *output) func(context.Context, []string)
 			case res.Version == res.Latest:
 				fmt.Fprintf(out.stdout, "database at version %d of %d: up to date (table %s)\n", res.Version, res.Latest, res.VersionTable)
 			case res.Version < res.Latest:
-				fmt.Fprintf(out.stdout, "database at version %d of %d: %s (table %s)\n", res.Version, res.Latest, advice.MigrateUp(ns), res.VersionTable)
+				fmt.Fprintf(out.stdout, "database at version %d of %d: %s (table %s)\n", res.Version, res.Latest, advice.MigrateUpWith(ns, c.db.connAdvice()), res.VersionTable)
 			default:
 				fmt.Fprintf(out.stdout, "database at version %d, newer than this build's %d: upgrade sqlease (table %s)\n", res.Version, res.Latest, res.VersionTable)
 			}

@@ -19,7 +19,18 @@ import (
 //
 // It is a clause for the end of a message, without a final full stop.
 func MigrateUp(ns dialect.Namespace) string {
-	cmd := "sqlease migrate up --dsn DSN"
+	return MigrateUpWith(ns, "--dsn DSN")
+}
+
+// MigrateUpWith is MigrateUp with the command's connection flags given:
+// connFlags as the user passed them to the command that gives the advice
+// ("--dialect postgres --dsn DSN"; "" when the DSN comes from
+// $SQLEASE_DSN), so the advice can be run as printed.
+func MigrateUpWith(ns dialect.Namespace, connFlags string) string {
+	cmd := "sqlease migrate up"
+	if connFlags != "" {
+		cmd += " " + connFlags
+	}
 	var fields []string
 	if ns.Schema != "" {
 		cmd += " --schema " + ns.Schema
