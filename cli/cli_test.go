@@ -1231,10 +1231,14 @@ func TestDropSQLite(t *testing.T) {
 	if left := leftInSQLite(t, path); len(left) != 0 {
 		t.Fatalf("drop left %v", left)
 	}
-	// Dropping again needs no confirmation: nothing is applied.
+	// Dropping again needs no confirmation: nothing is applied, and nothing
+	// is left to drop.
 	var dj dropJSON
-	if raw := jsonObject(t, &dj, "drop", "--dsn", path, "--json"); len(dj.Reverted) != 0 || raw["dropped"] == nil {
+	if raw := jsonObject(t, &dj, "drop", "--dsn", path, "--json"); len(dj.Reverted) != 0 || raw["dropped"] == nil || len(dj.Dropped) != 0 {
 		t.Errorf("second drop --json: %+v", dj)
+	}
+	if r := cli(t, "drop", "--dsn", path); r.code != 0 || !strings.HasPrefix(r.stdout, "nothing to uninstall: no lock tables of prefix sqlease_ in ") || !strings.HasSuffix(r.stdout, "(check --schema and --prefix)\n") {
+		t.Errorf("second drop: want exit 0 saying nothing was there, got %v", r)
 	}
 	// A fresh install works, and the old lease is gone.
 	migratedAgain := cli(t, "migrate", "--dsn", path)

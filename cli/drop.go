@@ -44,7 +44,7 @@ func confirm(out *output, what string, yes bool) error {
 // dropJSON is the object `sqlease drop --json` prints.
 type dropJSON struct {
 	Reverted   []migrationJSON `json:"reverted"`
-	Dropped    []string        `json:"dropped"` // tables dropped after reverting
+	Dropped    []string        `json:"dropped"` // tables dropped after reverting (those that existed)
 	DurationMS float64         `json:"duration_ms"`
 }
 
@@ -82,7 +82,16 @@ func setupDrop(fs *flag.FlagSet, out *output) func(context.Context, []string) er
 				return err
 			}
 		}
-		res := dropJSON{Reverted: []migrationJSON{}, Dropped: tables}
+		// Only the tables that exist are dropped and reported: a mistyped
+		// --schema or --prefix finds none, and must not read as success.
+		var existing []string
+		for _, tb := range tables {
+			if rows, err := conn.QueryContext(ctx, "SELECT 1 FROM "+tb+" WHERE 1 = 0"); err == nil {
+				rows.Close()
+				existing = append(existing, tb)
+			}
+		}
+		res := dropJSON{Reverted: []migrationJSON{}, Dropped: append([]string{}, existing...)}
 		start := time.Now()
 		_, err = migrate.Drop(ctx, conn, t.dialect, opt, migrate.WithProgress(func(r migrate.MigrationResult) {
 			res.Reverted = append(res.Reverted, migrationJSON{Version: r.Version, Name: r.Name, DurationMS: ms(r.Duration), Empty: r.Empty})
@@ -97,8 +106,16 @@ func setupDrop(fs *flag.FlagSet, out *output) func(context.Context, []string) er
 		if c.asJSON {
 			return writeJSON(out.stdout, res)
 		}
+		if len(applied) == 0 && len(existing) == 0 {
+			fmt.Fprintf(out.stdout, "nothing to uninstall: no lock tables of %s (check --schema and --prefix)\n", nsWhere(t, ns))
+			return nil
+		}
+		dropped := "no bookkeeping table"
+		if len(existing) > 0 {
+			dropped = strings.Join(existing, ", ")
+		}
 		fmt.Fprintf(out.stdout, "uninstalled in %s: reverted %d migrations and dropped %s (%s); `sqlease migrate up` installs it afresh\n",
-			round(time.Since(start)), len(res.Reverted), strings.Join(tables, ", "), nsWhere(t, ns))
+			round(time.Since(start)), len(res.Reverted), dropped, nsWhere(t, ns))
 		if ns.Schema != "" {
 			fmt.Fprintf(out.stdout, "schema %s is kept (it may hold other objects)\n", ns.Schema)
 		}
