@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
@@ -184,6 +186,9 @@ func mysqlDSN(dsn string) (string, error) {
 			return "", err
 		}
 		parsed.User, parsed.Passwd, parsed.Net, parsed.Addr, parsed.DBName = cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName
+		if err := checkMySQLAddr(parsed); err != nil {
+			return "", err
+		}
 		parsed.ParseTime = true
 		return parsed.FormatDSN(), nil
 	}
@@ -191,8 +196,28 @@ func mysqlDSN(dsn string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if err := checkMySQLAddr(cfg); err != nil {
+		return "", err
+	}
 	cfg.ParseTime = true
 	return cfg.FormatDSN(), nil
+}
+
+// checkMySQLAddr rejects a TCP address whose port is not a number from 1
+// to 65535, which the driver's parser lets through (the dial then fails
+// as if the server were down).
+func checkMySQLAddr(cfg *mysql.Config) error {
+	if cfg.Net != "tcp" || cfg.Addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("invalid address %q: %v", cfg.Addr, errors.Unwrap(err))
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("invalid port %q in address %q (want 1-65535)", port, cfg.Addr)
+	}
+	return nil
 }
 
 func hasPrefixFold(s, prefix string) bool {

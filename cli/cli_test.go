@@ -1400,6 +1400,8 @@ func TestMalformedDSN(t *testing.T) {
 		{[]string{"host=127.0.0.1 port=badport password=secret", "--dialect", "postgres"}, `malformed postgres DSN "host=127.0.0.1 port=badport password=***": invalid port`, false},
 		{[]string{"mysql://root:secret@127.0.0.1:badport/test"}, `malformed mysql DSN "mysql://***@127.0.0.1:badport/test": invalid port ":badport" after host`, false},
 		{[]string{"root:secret@tcp(127.0.0.1:3306/test"}, `malformed mysql DSN "***@tcp(127.0.0.1:3306/test": invalid DSN: network address not terminated`, false},
+		{[]string{"root:secret@tcp(127.0.0.1:abc)/test"}, `malformed mysql DSN "***@tcp(127.0.0.1:abc)/test": invalid port "abc" in address "127.0.0.1:abc" (want 1-65535)`, false},
+		{[]string{"root:secret@tcp(127.0.0.1:99999)/test"}, `malformed mysql DSN "***@tcp(127.0.0.1:99999)/test": invalid port "99999" in address "127.0.0.1:99999" (want 1-65535)`, false},
 		{[]string{"postgres://root:secret@127.0.0.1:1/test?connect_timeout=5"}, `cannot reach the postgres database postgres://***@127.0.0.1:1/test`, true},
 		{[]string{"root:secret@tcp(127.0.0.1:1)/test"}, `cannot reach the mysql database ***@tcp(127.0.0.1:1)/test`, true},
 		// libpq's keyword/value form allows spaces around "=".
