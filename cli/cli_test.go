@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 	if conformance.IsChild() {
 		os.Exit(conformance.ChildMain())
 	}
-	testnote.Skipped("sqlease/cli", testnote.PostgreSQL)
+	testnote.Skipped("sqlease/cli", testnote.PostgreSQL, testnote.MySQL)
 	// Confirmation prompts never wait on the test's stdin.
 	stdinIsTerminal = func() bool { return false }
 	os.Exit(m.Run())
