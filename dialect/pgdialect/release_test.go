@@ -263,3 +263,83 @@ func TestReleaseWakesOnlyWatchedKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseWakesAfterConcurrentSharedReleases: two shared leases of a
+// watched key are released in overlapping transactions, the second
+// before the first commits. Each alone sees the other's row live; the
+// {wake} function makes the second wait for the first's commit, so it sees
+// the key free and notifies (SPEC W1, W2: the waiters are woken, not left
+// to their polls). Without that wait neither release notifies.
+func TestReleaseWakesAfterConcurrentSharedReleases(t *testing.T) {
+	ctx := context.Background()
+	db, d, ns, _ := schemaAt(t, "sqlease_wake2_", 0)
+	release, err := dialect.Compile(d, ns, d.Statements().Release, []string{"lease_id", "token", "channel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const channel = "sqlease_wake2_test"
+	listener := listen(t, channel)
+	holders, watches := ns.Object(d, "holders"), ns.Object(d, "watches")
+	for _, q := range []string{
+		"INSERT INTO " + holders + " (lease_id, lock_key, mode, owner, token, acquired_at, expires_at) VALUES ('A', 'k', 's', 'test', 1, now(), now() + interval '1 hour'), ('B', 'k', 's', 'test', 2, now(), now() + interval '1 hour')",
+		"INSERT INTO " + watches + " (lock_key, expires_at) VALUES ('k', now() + interval '1 hour')",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	releaseIn := func(tx *sql.Tx, lease string) error {
+		rows, err := tx.QueryContext(ctx, release.SQL, release.Args(map[string]any{"lease_id": lease, "token": 0, "channel": channel})...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+		}
+		rows.Close()
+		return rows.Err()
+	}
+	first, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback()
+	if err := releaseIn(first, "A"); err != nil {
+		t.Fatal(err)
+	}
+	second, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Rollback()
+	done := make(chan error, 1)
+	go func() { done <- releaseIn(second, "B") }()
+	select {
+	case err := <-done:
+		t.Fatalf("the second release returned (%v) before the first committed; want it to wait", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := first.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second release did not return within 10 s of the first's commit")
+	}
+	if err := second.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := listener.WaitForNotification(wctx)
+	if err != nil || n.Payload != "k" {
+		t.Fatalf("notification after both releases: %+v, %v; want the key", n, err)
+	}
+	var left int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+watches).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("watch rows after the wake-up: %d, %v; want the watch consumed", left, err)
+	}
+}

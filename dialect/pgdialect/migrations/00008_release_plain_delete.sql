@@ -19,7 +19,11 @@
 --    version. The function plans its statements once per connection, with
 --    index scans only (as 00007 does for the acquire functions). Its reads
 --    take a snapshot newer than the DELETE's; they judge only whom to wake,
---    and a newer view is as good a hint.
+--    and a newer view is as good a hint. Releases of one watched key run it
+--    one at a time (a per-key transaction lock), so that of two shared
+--    leases released at once the later sees the earlier gone and notifies;
+--    the common table expression before it, where each saw the other's row
+--    live, could leave the waiters to their polls.
 --
 -- Dropping a constraint locks the table ACCESS EXCLUSIVE, and while that
 -- lock request waits (behind a fenced transaction, which holds a holder row
@@ -78,6 +82,13 @@ AS $fn$
 DECLARE
     v_marked text;
 BEGIN
+    -- Releases of one watched key decide whom to wake one at a time, each
+    -- after the one before it committed: of two shared leases released at
+    -- once, each alone would see the other's row still live and neither
+    -- would notify, leaving the waiters to their polls. The lock is the
+    -- transaction's (the release's own), on a hash of the key seeded with
+    -- the watches table, so it is not the acquire functions' per-key lock.
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_key, '{watches}'::regclass::oid::bigint));
     -- Another live holder of the key remains (a shared lease): nothing
     -- waiting could be granted now, so no one is woken and the watch stays.
     IF EXISTS (SELECT 1 FROM {holders} h
