@@ -40,20 +40,19 @@ chmod 755 "$dir"
 [ ${#aspg[@]} -eq 0 ] || chown postgres "$dir"
 server=
 cleanup() {
-	# The postmaster (under valgrind) writes its process ID first in
-	# postmaster.pid; an immediate shutdown (SIGQUIT) ends it and its
-	# children, and nothing of the cluster is kept.
-	local pm
-	pm=$(head -n 1 "$dir/data/postmaster.pid" 2>/dev/null || true)
-	if [ -n "$pm" ]; then
-		kill -QUIT "$pm" 2>/dev/null || true
-		for _ in $(seq 1 150); do kill -0 "$pm" 2>/dev/null || break; sleep 0.2; done
-		kill -KILL "$pm" 2>/dev/null || true
+	# The server runs in a session of its own (setsid below), whose process
+	# group is its ID: an immediate shutdown (SIGQUIT) of the whole group
+	# ends the postmaster and its children, under valgrind or not, and
+	# nothing of the cluster is kept.
+	if [ -n "$server" ]; then
+		kill -QUIT -- "-$server" 2>/dev/null || true
+		for _ in $(seq 1 150); do kill -0 -- "-$server" 2>/dev/null || break; sleep 0.2; done
+		kill -KILL -- "-$server" 2>/dev/null || true
 	fi
-	[ -z "$server" ] || wait "$server" 2>/dev/null || true
 	rm -rf "$dir"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 go build -o "$dir/bench" ./bench
 "${aspg[@]}" "$bin/initdb" -D "$dir/data" -A trust -U postgres -E UTF8 --no-sync >/dev/null
@@ -68,7 +67,9 @@ fsync = off
 autovacuum = off
 shared_buffers = 32MB
 EOF
-"${aspg[@]}" valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$dir/cg.%p" \
+# setsid: a session and process group of its own, so a Ctrl-C of this
+# script reaches only the script, whose cleanup then stops the server.
+setsid "${aspg[@]}" valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$dir/cg.%p" \
 	"$bin/postgres" -D "$dir/data" >"$dir/server.log" 2>&1 &
 server=$!
 dsn="postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
