@@ -200,6 +200,9 @@ const (
 	errInterrupted     = 1317 // ER_QUERY_INTERRUPTED
 	errShutdown        = 1053 // ER_SERVER_SHUTDOWN
 	errConnKilled      = 1927 // ER_CONNECTION_KILLED (MariaDB)
+	errTooManyConns    = 1040 // ER_CON_COUNT_ERROR (max_connections)
+	errTooManyUserConn = 1203 // ER_TOO_MANY_USER_CONNECTIONS (max_user_connections)
+	errUserLimit       = 1226 // ER_USER_LIMIT_REACHED (an account's MAX_USER_CONNECTIONS)
 	errDupEntry        = 1062 // ER_DUP_ENTRY
 	errNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
 	errBadDB           = 1049 // ER_BAD_DB_ERROR
@@ -207,8 +210,9 @@ const (
 )
 
 // Classify maps MySQL error numbers: lock wait timeout, deadlock, NOWAIT,
-// statement timeouts, interruption and shutdown, a lost connection and any
-// error with SQLSTATE 40001 are retryable; a duplicate key is a conflict; an
+// statement timeouts, interruption and shutdown, a connection refused for
+// too many connections (1040, 1203, 1226), a lost connection and any error with
+// SQLSTATE 40001 are retryable; a duplicate key is a conflict; an
 // unknown table, database or procedure means the schema is not migrated.
 func (Dialect) Classify(err error) dialect.ErrorClass {
 	if err == nil {
@@ -218,7 +222,8 @@ func (Dialect) Classify(err error) dialect.ErrorClass {
 	if errors.As(err, &me) {
 		switch me.Number {
 		case errLockWaitTimeout, errDeadlock, errLockNowait, errQueryTimeout, errStatementTime,
-			errInterrupted, errShutdown, errConnKilled:
+			errInterrupted, errShutdown, errConnKilled,
+			errTooManyConns, errTooManyUserConn, errUserLimit: // a refused connection: one may free up (SPEC H9)
 			return dialect.ErrorRetryable
 		case errDupEntry:
 			return dialect.ErrorConflict

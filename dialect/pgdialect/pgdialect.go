@@ -140,7 +140,9 @@ func (Dialect) MatchesDriver(d driver.Driver) bool {
 
 // Classify maps SQLSTATEs: 40001 serialization failure, 40P01 deadlock,
 // 55P03 lock not available, 57014 query canceled (statement timeout),
-// 57P01..57P03 shutdown, class 08 connection errors, and lost connections
+// 57P01..57P03 shutdown, class 08 connection errors, 53300 too many
+// connections (a connection refused by the server's or the role's limit),
+// and lost connections
 // (EOF, failed connects, network errors, pgconn's safe-to-retry errors)
 // are retryable; 23505/23P01 are conflicts; 42P01/42883/3F000 (undefined
 // table, function or schema) mean the schema is not migrated; SL001
@@ -154,7 +156,10 @@ func (Dialect) Classify(err error) dialect.ErrorClass {
 		code := st.SQLState()
 		switch {
 		case code == "40001" || code == "40P01" || code == "55P03" || code == "57014",
-			strings.HasPrefix(code, "57P"), strings.HasPrefix(code, "08"):
+			strings.HasPrefix(code, "57P"), strings.HasPrefix(code, "08"),
+			// too_many_connections: the server (or the role's CONNECTION
+			// LIMIT) refused a new connection; one may free up (SPEC H9).
+			code == "53300":
 			return dialect.ErrorRetryable
 		case code == "23505" || code == "23P01":
 			return dialect.ErrorConflict

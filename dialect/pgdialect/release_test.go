@@ -3,11 +3,17 @@ package pgdialect_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/lock"
 )
@@ -341,5 +347,71 @@ func TestReleaseWakesAfterConcurrentSharedReleases(t *testing.T) {
 	var left int
 	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+watches).Scan(&left); err != nil || left != 0 {
 		t.Fatalf("watch rows after the wake-up: %d, %v; want the watch consumed", left, err)
+	}
+}
+
+// TestConnectionLimitIsRetried: a connection the server refuses for too
+// many connections (SQLSTATE 53300; here the role's CONNECTION LIMIT 1,
+// taken by another session) is retried like a failed connect, so a
+// blocking Acquire with a deadline is granted once the other session ends
+// instead of failing at once (SPEC H9).
+func TestConnectionLimitIsRetried(t *testing.T) {
+	ctx := context.Background()
+	db, d, ns, _ := schemaAt(t, "sqlease_connlim_", 0)
+	role := ns.Schema + "_svc"
+	q := d.QuoteIdent
+	t.Cleanup(func() {
+		db.ExecContext(context.Background(), "DROP OWNED BY "+q(role))
+		db.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+q(role))
+	})
+	for _, s := range []string{
+		"CREATE ROLE " + q(role) + " LOGIN CONNECTION LIMIT 1",
+		"GRANT USAGE ON SCHEMA " + q(ns.Schema) + " TO " + q(role),
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA " + q(ns.Schema) + " TO " + q(role),
+		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + q(ns.Schema) + " TO " + q(role),
+	} {
+		if _, err := db.ExecContext(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(conftest.PostgresDSN(t))
+	if err != nil {
+		t.Skipf("SQLEASE_POSTGRES_DSN is not a URL (%v): this test sets the user in it", err)
+	}
+	u.User = url.User(role)
+	rdb, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	l, err := lock.New(ctx, rdb, d, lock.WithSchema(ns.Schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	rdb.SetMaxIdleConns(0) // the Locker's next statement needs a new connection
+
+	hog, err := pgx.Connect(ctx, u.String()) // the role's one connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgx.Connect(ctx, u.String()); err == nil {
+		t.Fatal("a second connection of the role was accepted; want it refused by CONNECTION LIMIT 1")
+	} else if pe := (*pgconn.PgError)(nil); !errors.As(err, &pe) || pe.Code != "53300" {
+		t.Fatalf("second connection of the role: %v; want SQLSTATE 53300", err)
+	}
+	time.AfterFunc(time.Second, func() { hog.Close(context.Background()) })
+	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	le, err := l.Acquire(actx, "connlim", lock.Exclusive)
+	if err != nil {
+		t.Fatalf("Acquire while the role's connection was taken (freed after 1 s): %v after %v; want it granted", err, time.Since(start))
+	}
+	if took := time.Since(start); took < 500*time.Millisecond {
+		t.Errorf("Acquire granted after %v, before the role's connection was freed (1 s)", took)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
