@@ -137,8 +137,33 @@ func dsnForms() string {
 
 // passwordParam matches a password given as a DSN parameter (keyword/value
 // form, spaces around "=" allowed as libpq and pgx allow them, or URL query
-// form).
-var passwordParam = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|[^\s&]*)`)
+// form). A quoted value may hold backslash-escaped characters (\' and \\,
+// as libpq reads them); an unclosed quote runs to the end of the DSN.
+var passwordParam = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)`)
+
+// userinfoEnd returns the index of the "@" that ends the user information
+// of dsn, or -1 when it has none. In a URL ("scheme://...") that is the
+// last "@" of the authority (before the first "/", "?" or "#" after the
+// scheme), so an "@" in the path or query is not taken for it; in the
+// driver form (user:pass@tcp(host)/db?...) the last "@" before the last
+// "/", as go-sql-driver/mysql reads it.
+func userinfoEnd(dsn string) int {
+	if i := strings.Index(dsn, "://"); i >= 0 {
+		auth := dsn[i+3:]
+		if end := strings.IndexAny(auth, "/?#"); end >= 0 {
+			auth = auth[:end]
+		}
+		if at := strings.LastIndex(auth, "@"); at >= 0 {
+			return i + 3 + at
+		}
+		return -1
+	}
+	end := len(dsn)
+	if slash := strings.LastIndex(dsn, "/"); slash >= 0 {
+		end = slash
+	}
+	return strings.LastIndex(dsn[:end], "@")
+}
 
 // malformedDSN is the usage error for a DSN that does not parse: it names
 // the dialect, the DSN with its password hidden and the parser's reason,
@@ -154,16 +179,24 @@ func malformedDSN(dialectName, dsn string, reason error) error {
 func scrubSecrets(msg, dsn string) string {
 	var secrets []string
 	for _, m := range passwordParam.FindAllStringSubmatch(dsn, -1) {
-		secrets = append(secrets, strings.Trim(m[2], "'"))
+		v := m[2]
+		if strings.HasPrefix(v, "'") {
+			v = strings.TrimSuffix(v[1:], "'")
+			// As written, and as the driver reads it (unescaped).
+			secrets = append(secrets, v, strings.NewReplacer(`\'`, "'", `\\`, `\`).Replace(v))
+			continue
+		}
+		secrets = append(secrets, v)
 	}
-	if at := strings.LastIndex(dsn, "@"); at >= 0 {
+	if at := userinfoEnd(dsn); at >= 0 {
 		userinfo := dsn[:at]
 		if i := strings.Index(userinfo, "://"); i >= 0 {
 			userinfo = userinfo[i+3:]
 		}
-		secrets = append(secrets, userinfo)
+		// A user name alone is no secret: only user information with a
+		// password is.
 		if _, pass, ok := strings.Cut(userinfo, ":"); ok {
-			secrets = append(secrets, pass)
+			secrets = append(secrets, userinfo, pass)
 			// An unencoded "@" in the password: a driver that splits the
 			// user information at the first "@" quotes the rest as the
 			// host ("lookup topsecret@127.0.0.1").
@@ -178,12 +211,12 @@ func scrubSecrets(msg, dsn string) string {
 	return msg
 }
 
-// redactDSN hides the user information of dsn (everything before its last
-// "@", after any "scheme://") and any password=... parameter, so an error
-// can quote the rest.
+// redactDSN hides the user information of dsn (see userinfoEnd; after any
+// "scheme://") and any password=... parameter, so an error can quote the
+// rest.
 func redactDSN(dsn string) string {
 	dsn = passwordParam.ReplaceAllString(dsn, "${1}***")
-	at := strings.LastIndex(dsn, "@")
+	at := userinfoEnd(dsn)
 	if at < 0 {
 		return dsn
 	}

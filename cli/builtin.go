@@ -212,7 +212,11 @@ func checkMySQLAddr(cfg *mysql.Config) error {
 	}
 	_, port, err := net.SplitHostPort(cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("invalid address %q: %v", cfg.Addr, errors.Unwrap(err))
+		reason := err.Error()
+		if ae := (*net.AddrError)(nil); errors.As(err, &ae) {
+			reason = ae.Err
+		}
+		return fmt.Errorf("invalid address %q: %s (an IPv6 host with a port is written [::1]:3306)", cfg.Addr, reason)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return fmt.Errorf("invalid port %q in address %q (want 1-65535)", port, cfg.Addr)

@@ -1409,6 +1409,12 @@ func TestMalformedDSN(t *testing.T) {
 		// An unencoded "@" in the password: pgx takes "secret@127.0.0.1"
 		// as the host and its error quotes it.
 		{[]string{"postgres://root:hunter2@secret@127.0.0.1:1/test?connect_timeout=5"}, `cannot reach the postgres database postgres://***@127.0.0.1:1/test`, true},
+		// A quoted password with an escaped quote (libpq's \').
+		{[]string{`host=127.0.0.1 port=1 user=root password='it\'s secret' dbname=test connect_timeout=5`, "--dialect", "postgres"}, `cannot reach the postgres database host=127.0.0.1 port=1 user=root password=*** dbname=test`, true},
+		{[]string{`host=127.0.0.1 port=badport password='it\'s secret'`, "--dialect", "postgres"}, `malformed postgres DSN "host=127.0.0.1 port=badport password=***": invalid port`, false},
+		// An "@" in the query is not the end of the user information.
+		{[]string{"postgres://root:secret@127.0.0.1:1/test?connect_timeout=5&application_name=a@b"}, `cannot reach the postgres database postgres://***@127.0.0.1:1/test?connect_timeout=5&application_name=a@b`, true},
+		{[]string{"root:secret@tcp([::1])/test"}, `malformed mysql DSN "***@tcp([::1])/test": invalid address "[[::1]]:3306": missing port in address (an IPv6 host with a port is written [::1]:3306)`, false},
 	} {
 		for _, cmd := range [][]string{{"check"}, {"migrate"}, {"migrate", "status"}, {"status"}, {"sweep"}, {"drop", "--yes"}} {
 			args := append(append(cmd, "--dsn"), tc.dsn...)
@@ -1424,6 +1430,11 @@ func TestMalformedDSN(t *testing.T) {
 				t.Errorf("%q: malformed and unreachable confused: %s", args, msg)
 			}
 		}
+	}
+	// A user name without a password is no secret: the driver's message
+	// keeps it.
+	if got := scrubSecrets("failed to connect to `user=rooty database=test`", "postgres://rooty@127.0.0.1:1/test?password=xyzwv"); got != "failed to connect to `user=rooty database=test`" {
+		t.Errorf("scrubSecrets hid a user name without a password: %q", got)
 	}
 	// A reason that quotes the password has it hidden too.
 	err := malformedDSN("mysql", "root:hunter22@tcp(h)/db", errors.New(`bad password "hunter22"`))

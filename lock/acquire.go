@@ -519,7 +519,7 @@ func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID strin
 		}
 		if !deadline.IsZero() && !time.Now().Before(deadline) {
 			giveUp()
-			return nil, &LockedError{Key: key, Mode: mode, Holders: last, Waited: time.Since(start)}
+			return nil, &LockedError{Key: key, Mode: mode, Holders: last, Waited: time.Since(start), Err: err}
 		}
 	}
 }

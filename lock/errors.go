@@ -73,6 +73,15 @@ type LockedError struct {
 	// Waited is how long a blocking acquire waited before giving up (0 for
 	// a try).
 	Waited time.Duration
+	// Err is the error of the last attempt when it failed (a transient
+	// error, retried until the wait ran out: a dropped or refused
+	// connection, a lock wait cut short) instead of being refused; nil
+	// when the last attempt was refused. Holders then come from the last
+	// refused attempt, and are empty when no attempt reached the
+	// database. It is not unwrapped: errors.Is(err, ErrLocked) stays the
+	// one answer, and a statement's context.DeadlineExceeded is not taken
+	// for the caller's.
+	Err error
 }
 
 func (e *LockedError) Error() string {
@@ -88,6 +97,9 @@ func (e *LockedError) Error() string {
 			b.WriteString(", ")
 		}
 		b.WriteString(h.String())
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, " (the last attempt failed: %v)", e.Err)
 	}
 	return b.String()
 }

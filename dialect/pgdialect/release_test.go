@@ -414,4 +414,24 @@ func TestConnectionLimitIsRetried(t *testing.T) {
 	if err := le.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+
+	// A refusal that never ends (CONNECTION LIMIT 0): the acquire waits out
+	// its wait timeout and returns ErrLocked, whose LockedError names the
+	// refusal (no attempt reached the database, so no holder is named).
+	if _, err := db.ExecContext(ctx, "ALTER ROLE "+q(role)+" CONNECTION LIMIT 0"); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	_, err = l.Acquire(ctx, "connlim", lock.Exclusive, lock.WaitTimeout(time.Second))
+	var lerr *lock.LockedError
+	if !errors.As(err, &lerr) || !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("Acquire with every connection refused: %v; want a *lock.LockedError", err)
+	}
+	if pe := (*pgconn.PgError)(nil); !errors.As(lerr.Err, &pe) || pe.Code != "53300" || len(lerr.Holders) != 0 ||
+		!strings.Contains(err.Error(), "the last attempt failed") || !strings.Contains(err.Error(), "53300") {
+		t.Errorf("LockedError after refused connections: Err %v, holders %v, message %q; want the 53300 refusal named and no holder", lerr.Err, lerr.Holders, err)
+	}
+	if took := time.Since(start); took < 900*time.Millisecond || took > 3*time.Second {
+		t.Errorf("Acquire with a 1 s wait timeout returned after %v", took)
+	}
 }

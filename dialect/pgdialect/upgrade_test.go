@@ -533,7 +533,7 @@ func TestUpgradeToVersion8GrantsWakeLikeAcquire(t *testing.T) {
 	ctx := context.Background()
 	for _, revoked := range []bool{false, true} {
 		db, d, ns, _ := schemaAt(t, "sqlease_up8g_", 7)
-		role := ns.Schema + "_svc"
+		role := ns.Schema + " Svc-Role" // a name that needs quoting
 		other := ns.Schema + "_other"
 		for _, r := range []string{role, other} {
 			if _, err := db.ExecContext(ctx, "CREATE ROLE "+d.QuoteIdent(r)); err != nil {
@@ -546,7 +546,7 @@ func TestUpgradeToVersion8GrantsWakeLikeAcquire(t *testing.T) {
 		}
 		acq := ns.Object(d, "acquire") + "(text, text, text, text, bigint, bigint, bigint)"
 		if revoked {
-			for _, q := range []string{"REVOKE EXECUTE ON FUNCTION " + acq + " FROM PUBLIC", "GRANT EXECUTE ON FUNCTION " + acq + " TO " + d.QuoteIdent(role)} {
+			for _, q := range []string{"REVOKE EXECUTE ON FUNCTION " + acq + " FROM PUBLIC", "GRANT EXECUTE ON FUNCTION " + acq + " TO " + d.QuoteIdent(role) + " WITH GRANT OPTION"} {
 				if _, err := db.ExecContext(ctx, q); err != nil {
 					t.Fatal(err)
 				}
@@ -569,6 +569,14 @@ func TestUpgradeToVersion8GrantsWakeLikeAcquire(t *testing.T) {
 		}
 		if got := may(other); got == revoked {
 			t.Errorf("revoked %v: a role without EXECUTE on {acquire} may execute {wake}: %v, want %v", revoked, got, !revoked)
+		}
+		if revoked {
+			// The grant option came along: the service role may pass
+			// {wake} on, as it may pass {acquire} on.
+			var grantable bool
+			if err := db.QueryRowContext(ctx, "SELECT has_function_privilege($1, $2, 'EXECUTE WITH GRANT OPTION')", role, wake).Scan(&grantable); err != nil || !grantable {
+				t.Errorf("the service role may not grant {wake} on (%v); want the grant option of {acquire} copied", err)
+			}
 		}
 	}
 }

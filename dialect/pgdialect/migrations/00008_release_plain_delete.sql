@@ -32,9 +32,10 @@
 -- after a pause that lets the queued statements through, for up to about a
 -- minute; then the migration fails, changing nothing, and can be run again.
 --
--- {wake} gets the EXECUTE privileges of {acquire}: where EXECUTE was revoked
--- from PUBLIC and granted to the service's roles, they may call it too
--- (otherwise their releases of watched keys would fail).
+-- {wake} gets the EXECUTE privileges of {acquire}, grant options included:
+-- where EXECUTE was revoked from PUBLIC and granted to the service's roles,
+-- they may call it too (otherwise their releases of watched keys would
+-- fail), and roles that pass {acquire} on may pass {wake} on.
 --
 -- {name} markers are rendered by the migrate package; do not run this file
 -- as is.
@@ -114,20 +115,19 @@ $fn$;
 -- +goose StatementBegin
 DO $do$
 DECLARE
-    g oid;
+    g record;
 BEGIN
     -- NULL proacl: the default, EXECUTE for PUBLIC, which {wake} has too.
     IF (SELECT proacl FROM pg_proc WHERE oid = '{acquire}(text, text, text, text, bigint, bigint, bigint)'::regprocedure) IS NOT NULL THEN
         REVOKE EXECUTE ON FUNCTION {wake}(text, text, text) FROM PUBLIC;
-        FOR g IN SELECT a.grantee FROM pg_proc p, aclexplode(p.proacl) a
+        FOR g IN SELECT a.grantee, a.is_grantable FROM pg_proc p, aclexplode(p.proacl) a
                  WHERE p.oid = '{acquire}(text, text, text, text, bigint, bigint, bigint)'::regprocedure
                    AND a.privilege_type = 'EXECUTE'
         LOOP
-            IF g = 0 THEN
-                GRANT EXECUTE ON FUNCTION {wake}(text, text, text) TO PUBLIC;
-            ELSE
-                EXECUTE format('GRANT EXECUTE ON FUNCTION {wake}(text, text, text) TO %s', g::regrole);
-            END IF;
+            -- PUBLIC (grantee 0) cannot hold a grant option.
+            EXECUTE format('GRANT EXECUTE ON FUNCTION {wake}(text, text, text) TO %s%s',
+                           CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
+                           CASE WHEN g.is_grantable AND g.grantee <> 0 THEN ' WITH GRANT OPTION' ELSE '' END);
         END LOOP;
     END IF;
 END
