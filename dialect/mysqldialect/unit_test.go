@@ -124,7 +124,9 @@ func TestConnectionLimitIsRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close()
+	// Closed after the cleanup below, which needs it (cleanups run last
+	// registered first, after the test's defers).
+	t.Cleanup(func() { admin.Close() })
 	const schema, user = "sqlease_t_connlim", "sqlease_t_connlim"
 	cleanup := func() {
 		admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+schema)
