@@ -54,10 +54,7 @@ func TestReleaseCommitsWithoutWaitingForFlush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release, err := dialect.Compile(d, ns, d.Statements().Release, []string{"lease_id", "token", "channel"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	release := compileRelease(t, d, ns)
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -128,10 +125,7 @@ func TestReleaseCommitsWithoutWaitingForFlush(t *testing.T) {
 func TestReleaseWakesOnlyWatchedKeys(t *testing.T) {
 	ctx := context.Background()
 	db, d, ns, _ := schemaAt(t, "sqlease_wake_", 0)
-	release, err := dialect.Compile(d, ns, d.Statements().Release, []string{"lease_id", "token", "channel"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	release := compileRelease(t, d, ns)
 	const channel = "sqlease_wake_test"
 	listener := listen(t, channel)
 	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema))
@@ -223,18 +217,10 @@ func TestReleaseWakesOnlyWatchedKeys(t *testing.T) {
 	for i, c := range cases {
 		key := fmt.Sprintf("wake%d", i)
 		setup(key, c.st)
-		rows, err := db.QueryContext(ctx, release.SQL, release.Args(map[string]any{"lease_id": c.lease, "token": c.token, "channel": channel})...)
+		n, err := runRelease(ctx, db, release, c.lease, c.token, channel)
 		if err != nil {
 			t.Fatalf("%s: release: %v", c.name, err)
 		}
-		n := 0
-		for rows.Next() {
-			n++
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatalf("%s: release: %v", c.name, err)
-		}
-		rows.Close()
 		if n != c.wantRows {
 			t.Errorf("%s: release returned %d rows, want %d", c.name, n, c.wantRows)
 		}
@@ -279,10 +265,7 @@ func TestReleaseWakesOnlyWatchedKeys(t *testing.T) {
 func TestReleaseWakesAfterConcurrentSharedReleases(t *testing.T) {
 	ctx := context.Background()
 	db, d, ns, _ := schemaAt(t, "sqlease_wake2_", 0)
-	release, err := dialect.Compile(d, ns, d.Statements().Release, []string{"lease_id", "token", "channel"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	release := compileRelease(t, d, ns)
 	const channel = "sqlease_wake2_test"
 	listener := listen(t, channel)
 	holders, watches := ns.Object(d, "holders"), ns.Object(d, "watches")
@@ -295,14 +278,8 @@ func TestReleaseWakesAfterConcurrentSharedReleases(t *testing.T) {
 		}
 	}
 	releaseIn := func(tx *sql.Tx, lease string) error {
-		rows, err := tx.QueryContext(ctx, release.SQL, release.Args(map[string]any{"lease_id": lease, "token": 0, "channel": channel})...)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-		}
-		rows.Close()
-		return rows.Err()
+		_, err := runRelease(ctx, tx, release, lease, 0, channel)
+		return err
 	}
 	first, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -434,4 +411,31 @@ func TestConnectionLimitIsRetried(t *testing.T) {
 	if took := time.Since(start); took < 900*time.Millisecond || took > 3*time.Second {
 		t.Errorf("Acquire with a 1 s wait timeout returned after %v", took)
 	}
+}
+
+// compileRelease renders this build's Release statement for ns.
+func compileRelease(t *testing.T, d dialect.Dialect, ns dialect.Namespace) dialect.Stmt {
+	t.Helper()
+	release, err := dialect.Compile(d, ns, d.Statements().Release, []string{"lease_id", "token", "channel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return release
+}
+
+// runRelease runs the Release statement on q (a pool or a transaction) and
+// returns the number of rows it returned: the holder rows it deleted.
+func runRelease(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, release dialect.Stmt, leaseID string, token int64, channel string) (int, error) {
+	rows, err := q.QueryContext(ctx, release.SQL, release.Args(map[string]any{"lease_id": leaseID, "token": token, "channel": channel})...)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	return n, rows.Err()
 }
