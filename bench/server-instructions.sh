@@ -8,6 +8,10 @@
 #
 #   bash bench/server-instructions.sh            # 1,000 operations per workload
 #   N=3000 bash bench/server-instructions.sh
+#   KEEP=/tmp/cg bash bench/server-instructions.sh   # keep the callgrind files
+#
+# KEEP names a directory that gets the callgrind file of each run's server
+# process (WORKLOAD.N.callgrind), for callgrind_annotate.
 #
 # Needs valgrind (apt-get install valgrind) and PostgreSQL's server binaries
 # ($SQLEASE_PG_BIN, else the newest /usr/lib/postgresql/*/bin). The server
@@ -21,6 +25,10 @@ cd "$(dirname "$0")/.."
 N=${N-1000}
 if ! [[ $N =~ ^[1-9][0-9]{0,6}$ ]]; then
 	echo "server-instructions: N='$N': want a whole number of operations from 1 to 9999999 (default 1000)" >&2
+	exit 2
+fi
+if [ -n "${KEEP-}" ] && ! [ -d "$KEEP" ]; then
+	echo "server-instructions: KEEP='$KEEP' is not a directory" >&2
 	exit 2
 fi
 command -v valgrind >/dev/null || { echo "server-instructions: valgrind not found (apt-get install valgrind)" >&2; exit 2; }
@@ -90,7 +98,11 @@ instructions() {
 	fi
 	for _ in $(seq 1 150); do
 		total=$(sed -n "s/^==$pid== Collected : \([0-9]*\)$/\1/p" "$dir/server.log")
-		[ -n "$total" ] && { echo "$total"; return; }
+		if [ -n "$total" ]; then
+			[ -z "${KEEP-}" ] || cp "$dir/cg.$pid" "$KEEP/$1.$2.callgrind"
+			echo "$total"
+			return
+		fi
 		sleep 0.2
 	done
 	echo "server-instructions: no callgrind total for server process $pid" >&2

@@ -17,13 +17,14 @@ import (
 // (SQLEASE_BENCH_CHILD=serverops) with two operation counts; the difference
 // of the two connections' totals, divided by the difference of the counts,
 // is the server's instructions per operation, free of connection start-up
-// and warm-up.
+// and warm-up. bench/sqlite-instructions.sh runs this mode without a DSN,
+// on a SQLite file, and counts the whole bench process (SQLite runs in it).
 //
 // Environment of this mode:
 const (
 	serverOpsWorkloadEnv = "SQLEASE_BENCH_OPS" // raw, sqlease (TryAcquire + Release) or sqlease-do (Do)
 	serverOpsCountEnv    = "SQLEASE_BENCH_N"   // operations after the warm-up
-	// childDSNEnv: the cluster's DSN.
+	// childDSNEnv: the cluster's DSN; empty for SQLite (a temp file).
 )
 
 // serverOpsWarmup operations run before the counted ones: they prepare the
@@ -33,7 +34,8 @@ const serverOpsWarmup = 200
 // serverOpsMain migrates a fresh schema, then runs the workload on a pool
 // of one connection, so one server process runs every operation, and
 // prints that process's ID on stdout before it starts (the script reads
-// the process's instruction total from callgrind when it exits).
+// the process's instruction total from callgrind when it exits; 0 on
+// SQLite).
 func serverOpsMain() int {
 	ctx := context.Background()
 	which := os.Getenv(serverOpsWorkloadEnv)
@@ -86,10 +88,15 @@ func serverOpsMain() int {
 		fmt.Fprintln(os.Stderr, "bench serverops:", err)
 		return 1
 	}
+	// On PostgreSQL, the ID of the server process that runs the workload
+	// (the script reads its instruction total); on SQLite, which runs in
+	// this process, 0.
 	var pid int
-	if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		fmt.Fprintln(os.Stderr, "bench serverops:", err)
-		return 1
+	if e.isPG() {
+		if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			fmt.Fprintln(os.Stderr, "bench serverops:", err)
+			return 1
+		}
 	}
 	fmt.Println(pid)
 	for i := 0; i < serverOpsWarmup+n; i++ {
