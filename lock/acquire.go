@@ -612,29 +612,34 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 	// way its outcome is known before undo runs.
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(acquireCancelGrace, cancel) })
 	defer stop()
-	vals := map[string]any{
-		"key": key, "mode": mode.code(), "lease_id": leaseID, "owner": l.cfg.owner,
-		"ttl_us": l.cfg.ttl.Microseconds(), "marker_us": markerUS, "watch_us": watchUS,
+	vals := &acquireArgs{
+		key: key, mode: mode.arg(), leaseID: leaseID, owner: l.boxed.owner,
+		ttlUS: l.boxed.ttlUS, markerUS: markerUS, watchUS: watchUS,
 	}
 	probe, script := l.st.probe, l.st.acquire
 	if tk != nil {
-		vals["ticket_id"], vals["ticket_us"] = tk.id, tk.us
+		vals.ticketID, vals.ticketUS = tk.id, tk.us
 		probe, script = l.st.probeFIFO, l.st.acquireFIFO
 		if tk.us > 0 {
 			probe.ok = false
 		}
 	}
 	var res acquireResult
+	// The scan targets, in one allocation for every row of the attempt
+	// (passed to Scan through interfaces, each would be allocated alone).
+	var r struct {
+		granted  bool
+		m        string
+		h        Holder
+		exp, now int64
+	}
 	scan := func(row rowScanner) error {
-		var granted bool
-		var h Holder
-		var m string
-		var exp, now int64
-		if err := row.Scan(&granted, &h.LeaseID, &m, &h.Owner, &h.Token, &exp, &now); err != nil {
+		if err := row.Scan(&r.granted, &r.h.LeaseID, &r.m, &r.h.Owner, &r.h.Token, &r.exp, &r.now); err != nil {
 			return err
 		}
-		h.Key, h.Mode, h.Expiry = key, modeFromCode(m), time.UnixMicro(exp)
-		res.now = time.UnixMicro(now)
+		h, granted := r.h, r.granted
+		h.Key, h.Mode, h.Expiry = key, modeFromCode(r.m), time.UnixMicro(r.exp)
+		res.now = time.UnixMicro(r.now)
 		if granted {
 			if h.LeaseID != leaseID {
 				return fmt.Errorf("lock: dialect %q granted lease %q, asked for %q", l.d.Name(), h.LeaseID, leaseID)
@@ -664,7 +669,7 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 	if probe.ok && watchUS == 0 && (markerUS == 0 || mark) {
 		// Read-only first: a refused poll writes nothing (but the marker
 		// when it is due, in one statement).
-		err := l.probe(sctx, probe.SQL, probe.Args(vals), scan)
+		err := l.probe(sctx, probe.SQL, bindArgs(probe.Stmt, vals), scan)
 		if err != nil {
 			return res, err
 		}
@@ -712,7 +717,7 @@ func (l *Locker) probe(ctx context.Context, q string, args []any, scan func(rowS
 // refreshMarker runs the Mark statement for a waiter the Probe found
 // blocked, and lists the caller's marker in res when it is set (the
 // Probe's row for it, if any, is replaced).
-func (l *Locker) refreshMarker(ctx context.Context, key, leaseID string, vals map[string]any, res *acquireResult, wait lockWait) error {
+func (l *Locker) refreshMarker(ctx context.Context, key, leaseID string, vals namedArgs, res *acquireResult, wait lockWait) error {
 	kept := res.holders[:0]
 	for _, h := range res.holders {
 		if h.Mode != PendingWriter || h.LeaseID != leaseID {
@@ -736,7 +741,7 @@ func (l *Locker) refreshMarker(ctx context.Context, key, leaseID string, vals ma
 // PostgreSQL) until the script refuses the session's isolation level
 // (ErrorIsolation, nothing done), then, for this Locker from then on, in a
 // transaction begun at the dialect's Isolation (SPEC S6).
-func (l *Locker) runAcquire(ctx context.Context, script []dialect.Stmt, vals map[string]any, scan func(rowScanner) error, res *acquireResult, wait lockWait) error {
+func (l *Locker) runAcquire(ctx context.Context, script []dialect.Stmt, vals namedArgs, scan func(rowScanner) error, res *acquireResult, wait lockWait) error {
 	iso := l.st.isolation
 	if iso == sql.LevelDefault || !l.isolated.Load() {
 		_, err := l.script(ctx, l.db, script, vals, scan, nil, wait)

@@ -83,7 +83,7 @@ func (l *Locker) Sweep(ctx context.Context, limit int) (int64, error) {
 	var n int64
 	err := l.retryTransient(ctx, l.cfg.stmtTimeout, func(ctx context.Context) (err error) {
 		rows = 0
-		n, err = l.script(ctx, l.db, l.st.sweep, map[string]any{"limit": int64(limit)}, scan, nil, lockWait{})
+		n, err = l.script(ctx, l.db, l.st.sweep, argMap{"limit": int64(limit)}, scan, nil, lockWait{})
 		if scan != nil {
 			n = counted
 			if err == nil && rows == 0 {

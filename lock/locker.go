@@ -114,6 +114,7 @@ type Locker struct {
 	cfg     config
 	channel string // cfg.ns.Channel(): the release notification channel
 	st      statements
+	boxed   boxed // owner, TTL and channel as statement values
 
 	// isolated: the Acquire script refused the session's isolation level
 	// once; it now always runs in a transaction at st.isolation (SPEC S6).
@@ -199,6 +200,7 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 		return nil, err
 	}
 	l := &Locker{db: db, renewDB: db, d: d, cfg: cfg, channel: cfg.ns.Channel(), active: map[string]*heldKey{}, leases: map[*Lease]struct{}{}, rlimit: renewBatchSize}
+	l.boxed = boxed{owner: cfg.owner, ttlUS: cfg.ttl.Microseconds(), channel: l.channel}
 	l.closing, l.closeNow = context.WithCancelCause(context.Background())
 	if cfg.renewDB != nil {
 		l.renewDB = cfg.renewDB

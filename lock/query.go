@@ -121,7 +121,12 @@ func readRows(rows driver.Rows, each func(rowScanner) error) (err error) {
 		}
 	}()
 	cols := rows.Columns()
-	r := &driverRow{cols: cols, vals: make([]driver.Value, len(cols))}
+	r := &driverRow{cols: cols}
+	if len(cols) <= len(r.buf) {
+		r.vals = r.buf[:len(cols)]
+	} else {
+		r.vals = make([]driver.Value, len(cols))
+	}
 	for {
 		if err := rows.Next(r.vals); err != nil {
 			if err == io.EOF {
@@ -140,6 +145,7 @@ func readRows(rows driver.Rows, each func(rowScanner) error) (err error) {
 type driverRow struct {
 	cols []string
 	vals []driver.Value
+	buf  [8]driver.Value // vals for up to 8 columns, in the same allocation
 }
 
 // Scan converts the row's values into dest as database/sql's Rows.Scan

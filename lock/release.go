@@ -86,8 +86,8 @@ func (l *Locker) releaseRows(ctx context.Context, leaseID string, token int64) (
 	}
 	defer done()
 	var n int64
-	err = queryConn(ctx, conn, l.st.release.SQL, l.st.release.Args(map[string]any{
-		"lease_id": leaseID, "token": token, "channel": l.channel,
+	err = queryConn(ctx, conn, l.st.release.SQL, bindArgs(l.st.release.Stmt, &releaseArgs{
+		leaseID: leaseID, token: token, channel: l.boxed.channel,
 	}), func(rowScanner) error { n++; return nil })
 	if err != nil {
 		return 0, err

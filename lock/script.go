@@ -20,7 +20,7 @@ import (
 // rows (read straight from the driver, queryConn, unless the script runs in
 // a database/sql transaction); otherwise it returns the last statement's
 // RowsAffected.
-func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, vals map[string]any, scan func(rowScanner) error, txOpts *sql.TxOptions, lw lockWait) (int64, error) {
+func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, vals namedArgs, scan func(rowScanner) error, txOpts *sql.TxOptions, lw lockWait) (int64, error) {
 	type runner interface {
 		ExecContext(context.Context, string, ...any) (sql.Result, error)
 		QueryContext(context.Context, string, ...any) (*sql.Rows, error)
@@ -28,7 +28,7 @@ func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, v
 	run := func(r runner) (int64, error) {
 		var affected int64
 		for i, s := range stmts {
-			args := s.Args(vals)
+			args := bindArgs(s, vals)
 			if i == len(stmts)-1 && scan != nil {
 				if c, ok := r.(*sql.Conn); ok {
 					return 0, queryConn(ctx, c, s.SQL, args, scan)
