@@ -21,14 +21,14 @@
 set -euo pipefail
 shopt -s inherit_errexit
 
+if [ -n "${KEEP-}" ]; then
+	[ -d "$KEEP" ] || { echo "server-instructions: KEEP='$KEEP' is not a directory" >&2; exit 2; }
+	KEEP=$(cd "$KEEP" && pwd) # before the cd below: a relative KEEP names the caller's directory
+fi
 cd "$(dirname "$0")/.."
 N=${N-1000}
 if ! [[ $N =~ ^[1-9][0-9]{0,6}$ ]]; then
 	echo "server-instructions: N='$N': want a whole number of operations from 1 to 9999999 (default 1000)" >&2
-	exit 2
-fi
-if [ -n "${KEEP-}" ] && ! [ -d "$KEEP" ]; then
-	echo "server-instructions: KEEP='$KEEP' is not a directory" >&2
 	exit 2
 fi
 command -v valgrind >/dev/null || { echo "server-instructions: valgrind not found (apt-get install valgrind)" >&2; exit 2; }

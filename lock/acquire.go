@@ -612,13 +612,9 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 	// way its outcome is known before undo runs.
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(acquireCancelGrace, cancel) })
 	defer stop()
-	vals := &acquireArgs{
-		key: key, mode: mode.arg(), leaseID: leaseID, owner: l.boxed.owner,
-		ttlUS: l.boxed.ttlUS, markerUS: markerUS, watchUS: watchUS,
-	}
+	vals := l.acquireVals(key, mode, leaseID, markerUS, watchUS, tk)
 	probe, script := l.st.probe, l.st.acquire
 	if tk != nil {
-		vals.ticketID, vals.ticketUS = tk.id, tk.us
 		probe, script = l.st.probeFIFO, l.st.acquireFIFO
 		if tk.us > 0 {
 			probe.ok = false

@@ -35,7 +35,7 @@ type boxed struct {
 // modeArgs are the mode codes as interface values (see Mode.code).
 var modeArgs = [2]any{"x", "s"}
 
-// modeArg returns m.code() as an interface value, without allocating.
+// arg returns m.code() as an interface value, without allocating.
 func (m Mode) arg() any {
 	if m == Exclusive {
 		return modeArgs[0]
@@ -73,8 +73,28 @@ func (a *acquireArgs) arg(name string) any {
 	return nil
 }
 
+// acquireVals returns the named values of one acquire attempt: key in
+// mode under leaseID, with the marker and watch TTLs in microseconds (0:
+// none), and the FIFO ticket when tk is not nil.
+func (l *Locker) acquireVals(key string, mode Mode, leaseID string, markerUS, watchUS int64, tk *ticketArgs) *acquireArgs {
+	a := &acquireArgs{
+		key: key, mode: mode.arg(), leaseID: leaseID, owner: l.boxed.owner,
+		ttlUS: l.boxed.ttlUS, markerUS: markerUS, watchUS: watchUS,
+	}
+	if tk != nil {
+		a.ticketID, a.ticketUS = tk.id, tk.us
+	}
+	return a
+}
+
 // releaseArgs are the named values of the Release statement.
 type releaseArgs struct{ leaseID, token, channel any }
+
+// releaseVals returns the named values of a release of lease leaseID
+// whose token is token (0: whatever its token).
+func (l *Locker) releaseVals(leaseID string, token int64) *releaseArgs {
+	return &releaseArgs{leaseID: leaseID, token: token, channel: l.boxed.channel}
+}
 
 func (a *releaseArgs) arg(name string) any {
 	switch name {
