@@ -368,6 +368,14 @@ func TestMigrateAdviceIsOneWording(t *testing.T) {
 			if r.code != 2 || !strings.Contains(r.stderr, wantCmd) {
 				t.Errorf("%s %v: want exit 2 and %q, got %v", cmd, nsFlags, wantCmd, r)
 			}
+			// A namespace the user named may be a typo: migrating it
+			// would make a second set of lock tables that excludes
+			// nothing in the first. The default namespace gets no
+			// caution.
+			const caution = "first: if mistyped, that command creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant"
+			if got := strings.Contains(oneLine(r.stderr), "Check --prefix app_ "+caution); got != (ns.Prefix != "") {
+				t.Errorf("%s %v: caution about a mistyped --prefix shown %v, want %v: %v", cmd, nsFlags, got, ns.Prefix != "", r)
+			}
 		}
 		db, err := sql.Open("sqlite", conftest.SQLiteDSN(path))
 		if err != nil {
