@@ -32,8 +32,8 @@ type boxed struct {
 	owner, ttlUS, channel any
 }
 
-// modeArgs are the mode codes as interface values (see Mode.code).
-var modeArgs = [2]any{"x", "s"}
+// modeArgs are the mode codes (Mode.code) as interface values.
+var modeArgs = [2]any{Exclusive.code(), Shared.code()}
 
 // arg returns m.code() as an interface value, without allocating.
 func (m Mode) arg() any {
