@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/sqlease/sqlease/lock"
 )
@@ -162,6 +166,15 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 			name   string
 			sample func() (handoff, error)
 		}{"advisory", adv})
+		rawn, closeRaw, err := rawNotifyHandoff(ctx, e)
+		if err != nil {
+			return nil, err
+		}
+		defer closeRaw()
+		paths = append(paths, struct {
+			name   string
+			sample func() (handoff, error)
+		}{"raw+notify", rawn})
 	}
 	got, after := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for _, p := range paths { // warm-up: connections, listeners
@@ -196,22 +209,41 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 			if e.isPG() {
 				b = base("advisory", ms(percentile(got["advisory"], pc)))
 			}
-			f := figure(fmt.Sprintf("handoff.%s.p%.0f", path, pc), e.dialect, v, "ms", b, t)
+			name := fmt.Sprintf("handoff.%s.p%.0f", path, pc)
+			f := figure(name, e.dialect, v, "ms", b, t)
 			f.Note = fmt.Sprintf("%d samples; release call -> waiter granted", len(got[path]))
 			if path == "xproc" && !e.isPG() {
 				f.Note += "; SQLite: the other process watches the database file for commits (sqlitedialect.WatchChanges)"
 			}
 			out = append(out, f)
+			if e.isPG() {
+				out = append(out, rawNotifyFigure(e, name, v, got["raw+notify"], pc))
+			}
 		}
 		var b *Baseline
 		if e.isPG() {
 			b = base("advisory", ms(percentile(after["advisory"], 50)))
 		}
-		f := figure(fmt.Sprintf("handoff.%s.after_commit.p50", path), e.dialect, ms(percentile(after[path], 50)), "ms", b, info)
+		name := fmt.Sprintf("handoff.%s.after_commit.p50", path)
+		v := ms(percentile(after[path], 50))
+		f := figure(name, e.dialect, v, "ms", b, info)
 		f.Note = "release returned (committed, notification sent) -> waiter granted"
 		out = append(out, f)
+		if e.isPG() {
+			out = append(out, rawNotifyFigure(e, name, v, after["raw+notify"], 50))
+		}
 	}
 	return out, nil
+}
+
+// rawNotifyFigure is a handoff figure against the hand-rolled handoff
+// (rawNotifyHandoff) at the same percentile, for information: what an
+// application's own LISTEN/NOTIFY lease achieves on the same machine in
+// the same run.
+func rawNotifyFigure(e *env, name string, v float64, raw []time.Duration, pc float64) Figure {
+	f := figure(name, e.dialect, v, "ms", base("raw+notify", ms(percentile(raw, pc))), info)
+	f.Note = "baseline: the raw lease whose release notifies (committed synchronously), and a waiter on one pgx connection that LISTENs and retries its upsert when notified"
+	return f
 }
 
 // advisoryHandoff returns the baseline sampler: one pinned session holds a
@@ -597,4 +629,121 @@ func figCrossKey(ctx context.Context, e *env) ([]Figure, error) {
 		out[i].Note = note
 	}
 	return out, nil
+}
+
+// rawNotifyHandoff returns the hand-rolled handoff sampler (PostgreSQL):
+// the raw lease (rawLease) whose release also notifies, as sqlease's does
+// (rawLease.releaseNotify, one statement, committed synchronously as an
+// application's would be), and a waiter written the way an application
+// would write one on a single pgx connection: LISTEN, try the upsert, and
+// when it is refused, wait for a notification naming the key and try
+// again. The time is from the release call to the waiter's granted
+// upsert, as for sqlease. The waiter's connection is closed at the end,
+// never returned to the pool still listening.
+func rawNotifyHandoff(ctx context.Context, e *env) (func() (handoff, error), func(), error) {
+	raw, err := newRawLease(ctx, e, e.db, "raw_h")
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := e.db.Conn(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	type request struct {
+		key     string
+		blocked chan struct{} // closed when the waiter's first try was refused
+		granted chan int64    // the grant time (Unix ns); closed on failure
+	}
+	reqs := make(chan request)
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = conn.Raw(func(dc any) error {
+			nc, ok := dc.(interface{ Conn() *pgx.Conn })
+			if !ok {
+				return fmt.Errorf("raw+notify handoff: driver connection %T is not pgx", dc)
+			}
+			c := nc.Conn()
+			// Never reuse the connection: it listens, or is mid-read.
+			defer func() { _ = c.Close(context.Background()) }()
+			_, err := c.Exec(wctx, `LISTEN sqlease_bench_raw`)
+			for err == nil {
+				var r request
+				select {
+				case <-wctx.Done():
+					return driver.ErrBadConn
+				case r = <-reqs:
+				}
+				var at int64
+				at, err = rawWaiterAcquire(wctx, c, raw, r.key, r.blocked)
+				if err == nil {
+					r.granted <- at
+				}
+				close(r.granted)
+			}
+			return errors.Join(err, driver.ErrBadConn)
+		})
+	}()
+	closeAll := func() { stop(); <-done; _ = conn.Close() }
+	sample := func() (handoff, error) {
+		key, owner := "bench/handoff/r"+raw.newOwner(), raw.newOwner()
+		ok, err := raw.tryAcquire(ctx, e.db, key, owner)
+		if err != nil {
+			return handoff{}, err
+		}
+		if !ok {
+			return handoff{}, fmt.Errorf("raw+notify handoff: key %s unexpectedly held", key)
+		}
+		r := request{key: key, blocked: make(chan struct{}), granted: make(chan int64, 1)}
+		select {
+		case reqs <- r:
+		case <-done:
+			return handoff{}, fmt.Errorf("raw+notify handoff: the waiter failed")
+		}
+		select {
+		case <-r.blocked:
+		case <-r.granted:
+			return handoff{}, fmt.Errorf("raw+notify handoff: the waiter failed before it blocked")
+		}
+		time.Sleep(settle())
+		t0 := time.Now()
+		if err := raw.releaseNotify(ctx, e.db, key, owner); err != nil {
+			return handoff{}, err
+		}
+		return handoffWait(r.granted, t0, time.Now())
+	}
+	return sample, closeAll, nil
+}
+
+// rawWaiterAcquire is the hand-rolled blocking acquire of key on c: the
+// raw upsert, then (closing blocked once, after the first refusal) a wait
+// for a notification naming key before each new try. It releases the
+// lease it got and returns the time it was granted (Unix ns).
+func rawWaiterAcquire(ctx context.Context, c *pgx.Conn, raw *rawLease, key string, blocked chan struct{}) (int64, error) {
+	owner := raw.newOwner()
+	for first := true; ; first = false {
+		var got string
+		err := c.QueryRow(ctx, raw.acquireSQL, key, owner, raw.ttlUS).Scan(&got)
+		if err == nil {
+			at := time.Now().UnixNano()
+			_, err = c.Exec(ctx, raw.relSQL, key, owner)
+			return at, err
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return 0, err
+		}
+		if first {
+			close(blocked)
+		}
+		for {
+			n, err := c.WaitForNotification(ctx)
+			if err != nil {
+				return 0, err
+			}
+			if n.Payload == key {
+				break
+			}
+		}
+	}
 }
