@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -204,12 +205,16 @@ func (e *env) describe(ctx context.Context) string {
 	return s + fmt.Sprintf("; SQLite %s (mattn/go-sqlite3), journal_mode=%s, synchronous=%s", q("SELECT sqlite_version()"), q("PRAGMA journal_mode"), sync)
 }
 
-// revision names the engine version measured: the git commit of the
+// revision names the engine version measured. A binary built with go
+// build in the repository carries its commit (and "+dirty" when the tree
+// had any uncommitted change then), wherever it runs from. go run does not
+// stamp binaries with VCS information, so git is asked: the commit of the
 // working tree, marked "+dirty" when lock/, dialect/ or migrate/ have
-// uncommitted changes other than tests ("unknown" outside a git
-// checkout). go run does not stamp binaries with VCS information, so git
-// is asked.
+// uncommitted changes other than tests ("unknown" outside a git checkout).
 func revision() string {
+	if rev, ok := stampedRevision(); ok {
+		return rev
+	}
 	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
 	if err != nil {
 		return "unknown"
@@ -225,6 +230,30 @@ func revision() string {
 		}
 	}
 	return rev
+}
+
+// stampedRevision returns the commit the binary was built from, from its
+// build information, when go build recorded one.
+func stampedRevision() (string, bool) {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "", false
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev == "" {
+		return "", false
+	}
+	return rev[:min(len(rev), 12)] + dirty, true
 }
 
 // close drops the bench schema (PostgreSQL) or removes the temp file

@@ -65,6 +65,23 @@ func vacuumLockTables(ctx context.Context, e *env) error {
 	return nil
 }
 
+// rawAgain names the A/A control workload of the throughput figures: the
+// raw lease a second time, on keys of its own, in the same interleaved
+// rounds.
+const rawAgain = "raw-again"
+
+// controlFigure reports the A/A control: the raw lease against itself.
+// Both sides run the same statements, so the ratio's distance from 1.00x
+// is how far this run's noise alone moves the ratios of the figure (disk
+// flushes and CPU shared with the server vary from round to round).
+func controlFigure(e *env, name string, res map[string]*series) Figure {
+	s := res[rawAgain]
+	f := figure(name+".control.ops", e.dialect, s.median(), "ops/s", base("raw", res["raw"].median()), info)
+	f.Rounds = s.rounds
+	f.Note = "A/A control: the raw lease again, on its own keys, in the same rounds; its ratio's distance from 1.00x is this run's noise"
+	return f
+}
+
 // pathFigures reports the Do and Acquire paths against raw, held to the
 // same target as TryAcquire.
 func pathFigures(e *env, name string, res map[string]*series, want target) []Figure {
@@ -131,7 +148,8 @@ func figExclusive(ctx context.Context, e *env, clients int) ([]Figure, error) {
 		return nil, err
 	}
 	ws := []workload{sqleaseWorkload(l, "bench/x/", lock.Exclusive), raw.workload("raw", "bench/x/", false),
-		sqleaseDoWorkload(l, "bench/x/", lock.Exclusive), sqleaseAcquireWorkload(l, "bench/x/", lock.Exclusive)}
+		sqleaseDoWorkload(l, "bench/x/", lock.Exclusive), sqleaseAcquireWorkload(l, "bench/x/", lock.Exclusive),
+		raw.workload(rawAgain, "bench/xa/", false)}
 	baselines := []string{"raw"}
 	want := ratioAtLeast(0.7)
 	if e.isPG() {
@@ -158,7 +176,7 @@ func figExclusive(ctx context.Context, e *env, clients int) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(throughputFigures(e, name, res, baselines, want), pathFigures(e, name, res, want)...), nil
+	return append(append(throughputFigures(e, name, res, baselines, want), pathFigures(e, name, res, want)...), controlFigure(e, name, res)), nil
 }
 
 // figShared: uncontended shared acquire+release, clients clients on
@@ -177,7 +195,8 @@ func figShared(ctx context.Context, e *env, clients int) ([]Figure, error) {
 		return nil, err
 	}
 	ws := []workload{sqleaseWorkload(l, "bench/s/", lock.Shared), raw.workload("raw", "bench/s/", false),
-		sqleaseDoWorkload(l, "bench/s/", lock.Shared), sqleaseAcquireWorkload(l, "bench/s/", lock.Shared)}
+		sqleaseDoWorkload(l, "bench/s/", lock.Shared), sqleaseAcquireWorkload(l, "bench/s/", lock.Shared),
+		raw.workload(rawAgain, "bench/sa/", false)}
 	baselines := []string{"raw"}
 	want := ratioAtLeast(0.7)
 	if e.isPG() {
@@ -196,5 +215,5 @@ func figShared(ctx context.Context, e *env, clients int) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(throughputFigures(e, name, res, baselines, want), pathFigures(e, name, res, want)...), nil
+	return append(append(throughputFigures(e, name, res, baselines, want), pathFigures(e, name, res, want)...), controlFigure(e, name, res)), nil
 }

@@ -90,10 +90,11 @@ func handoffWait(granted <-chan int64, called, returned time.Time) (handoff, err
 // figHandoff: contended handoff latency, from the holder's Release call to
 // the waiter's grant. Paths: the waiter in a child process (PostgreSQL:
 // woken by LISTEN/NOTIFY; SQLite: by its watch of the database file), and the waiter in
-// another Locker of this process (woken by the in-process hub). Baseline on
+// another Locker of this process (woken by the in-process hub). Baselines on
 // PostgreSQL: a session advisory lock, where the server itself hands the
-// lock to the blocked pg_advisory_lock. Targets: p50 <= 2 ms on PostgreSQL,
-// <= 5 ms across processes on SQLite.
+// lock to the blocked pg_advisory_lock, and the hand-rolled LISTEN/NOTIFY
+// lease (rawNotifyHandoff), which like sqlease writes the grant. Targets:
+// p50 <= 2 ms on PostgreSQL, <= 5 ms across processes on SQLite.
 func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 	holder, err := e.newLocker(ctx, e.db)
 	if err != nil {
