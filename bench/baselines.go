@@ -23,6 +23,7 @@ type rawLease struct {
 	db                           *sql.DB
 	acquireSQL, renewSQL, relSQL string
 	notifySQL                    string // PostgreSQL: release that also notifies, as sqlease's does
+	channel                      string // PostgreSQL: the channel notifySQL notifies, one per run
 	owners                       atomic.Int64
 	ttlUS                        int64
 }
@@ -42,8 +43,11 @@ RETURNING raw.owner`
 		r.renewSQL = `UPDATE ` + t + ` SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
 WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp()`
 		r.relSQL = `DELETE FROM ` + t + ` WHERE key = $1 AND owner = $2`
+		// The run's schema names the channel: other runs on the server
+		// neither wake this run's listener nor are woken by it.
+		r.channel = e.schema + "_raw"
 		r.notifySQL = `WITH gone AS (DELETE FROM ` + t + ` WHERE key = $1 AND owner = $2 RETURNING key)
-SELECT key, pg_notify('sqlease_bench_raw', key) FROM gone`
+SELECT key, pg_notify('` + r.channel + `', key) FROM gone`
 	} else {
 		const now = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 		create = `CREATE TABLE ` + t + ` (key TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_us INTEGER NOT NULL)`

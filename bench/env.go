@@ -205,55 +205,58 @@ func (e *env) describe(ctx context.Context) string {
 	return s + fmt.Sprintf("; SQLite %s (mattn/go-sqlite3), journal_mode=%s, synchronous=%s", q("SELECT sqlite_version()"), q("PRAGMA journal_mode"), sync)
 }
 
-// revision names the engine version measured. A binary built with go
-// build in the repository carries its commit (and "+dirty" when the tree
-// had any uncommitted change then), wherever it runs from. go run does not
-// stamp binaries with VCS information, so git is asked: the commit of the
-// working tree, marked "+dirty" when lock/, dialect/ or migrate/ have
-// uncommitted changes other than tests ("unknown" outside a git checkout).
+// revision names the engine version measured: a git commit, marked
+// "+dirty" when lock/, dialect/ or migrate/ have uncommitted changes other
+// than tests ("unknown" when neither the binary nor a git checkout names
+// one). A binary built with go build in the repository carries its commit
+// wherever it runs from; when it runs elsewhere than in a checkout at that
+// commit, "+dirty" means the tree had any uncommitted change when it was
+// built. go run does not stamp binaries by default, so git is asked.
 func revision() string {
-	if rev, ok := stampedRevision(); ok {
-		return rev
+	stamped, modified := stampedRevision()
+	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	head := strings.TrimSpace(string(out))
+	if stamped != "" && (err != nil || head != stamped) {
+		if modified {
+			return short(stamped) + "+dirty"
+		}
+		return short(stamped)
 	}
-	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
-	if err != nil {
+	if err != nil || head == "" {
 		return "unknown"
 	}
-	rev := strings.TrimSpace(string(out))
 	st, err := exec.Command("git", "status", "--porcelain", "--", "lock", "dialect", "migrate").Output()
 	if err != nil {
-		return rev
+		return short(head)
 	}
 	for _, line := range strings.Split(string(st), "\n") {
 		if line = strings.TrimSpace(line); line != "" && !strings.HasSuffix(line, "_test.go") {
-			return rev + "+dirty"
+			return short(head) + "+dirty"
 		}
 	}
-	return rev
+	return short(head)
 }
 
-// stampedRevision returns the commit the binary was built from, from its
-// build information, when go build recorded one.
-func stampedRevision() (string, bool) {
+// short abbreviates a commit hash to 12 characters.
+func short(rev string) string { return rev[:min(len(rev), 12)] }
+
+// stampedRevision returns the commit the binary was built from and whether
+// the tree had uncommitted changes then, from its build information, when
+// go build recorded them (rev is empty otherwise).
+func stampedRevision() (rev string, modified bool) {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "", false
 	}
-	var rev, dirty string
 	for _, s := range bi.Settings {
 		switch s.Key {
 		case "vcs.revision":
 			rev = s.Value
 		case "vcs.modified":
-			if s.Value == "true" {
-				dirty = "+dirty"
-			}
+			modified = s.Value == "true"
 		}
 	}
-	if rev == "" {
-		return "", false
-	}
-	return rev[:min(len(rev), 12)] + dirty, true
+	return rev, modified
 }
 
 // close drops the bench schema (PostgreSQL) or removes the temp file

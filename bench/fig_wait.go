@@ -93,7 +93,7 @@ func handoffWait(granted <-chan int64, called, returned time.Time) (handoff, err
 // another Locker of this process (woken by the in-process hub). Baselines on
 // PostgreSQL: a session advisory lock, where the server itself hands the
 // lock to the blocked pg_advisory_lock, and the hand-rolled LISTEN/NOTIFY
-// lease (rawNotifyHandoff), which like sqlease writes the grant. Targets:
+// lease (rawListenHandoff), which like sqlease writes the grant. Targets:
 // p50 <= 2 ms on PostgreSQL, <= 5 ms across processes on SQLite.
 func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 	holder, err := e.newLocker(ctx, e.db)
@@ -167,7 +167,7 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 			name   string
 			sample func() (handoff, error)
 		}{"advisory", adv})
-		rawn, closeRaw, err := rawNotifyHandoff(ctx, e)
+		rawl, closeRaw, err := rawListenHandoff(ctx, e)
 		if err != nil {
 			return nil, err
 		}
@@ -175,7 +175,7 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 		paths = append(paths, struct {
 			name   string
 			sample func() (handoff, error)
-		}{"raw+notify", rawn})
+		}{rawListen, rawl})
 	}
 	got, after := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for _, p := range paths { // warm-up: connections, listeners
@@ -218,7 +218,7 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 			}
 			out = append(out, f)
 			if e.isPG() {
-				out = append(out, rawNotifyFigure(e, name, v, got["raw+notify"], pc))
+				out = append(out, rawListenFigure(e, name, v, got[rawListen], pc))
 			}
 		}
 		var b *Baseline
@@ -231,19 +231,22 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 		f.Note = "release returned (committed, notification sent) -> waiter granted"
 		out = append(out, f)
 		if e.isPG() {
-			out = append(out, rawNotifyFigure(e, name, v, after["raw+notify"], 50))
+			out = append(out, rawListenFigure(e, name, v, after[rawListen], 50))
 		}
 	}
 	return out, nil
 }
 
-// rawNotifyFigure is a handoff figure against the hand-rolled handoff
-// (rawNotifyHandoff) at the same percentile, for information: what an
+// rawListen names the hand-rolled handoff baseline (rawListenHandoff).
+const rawListen = "raw+listen"
+
+// rawListenFigure is a handoff figure against the hand-rolled handoff
+// (rawListenHandoff) at the same percentile, for information: what an
 // application's own LISTEN/NOTIFY lease achieves on the same machine in
 // the same run.
-func rawNotifyFigure(e *env, name string, v float64, raw []time.Duration, pc float64) Figure {
-	f := figure(name, e.dialect, v, "ms", base("raw+notify", ms(percentile(raw, pc))), info)
-	f.Note = "baseline: the raw lease whose release notifies (committed synchronously), and a waiter on one pgx connection that LISTENs and retries its upsert when notified"
+func rawListenFigure(e *env, name string, v float64, raw []time.Duration, pc float64) Figure {
+	f := figure(name, e.dialect, v, "ms", base(rawListen, ms(percentile(raw, pc))), info)
+	f.Note = fmt.Sprintf("baseline: %d samples of the raw lease whose release notifies (committed synchronously), and a waiter on one pgx connection that LISTENs and retries its upsert when notified", len(raw))
 	return f
 }
 
@@ -632,16 +635,21 @@ func figCrossKey(ctx context.Context, e *env) ([]Figure, error) {
 	return out, nil
 }
 
-// rawNotifyHandoff returns the hand-rolled handoff sampler (PostgreSQL):
-// the raw lease (rawLease) whose release also notifies, as sqlease's does
-// (rawLease.releaseNotify, one statement, committed synchronously as an
-// application's would be), and a waiter written the way an application
-// would write one on a single pgx connection: LISTEN, try the upsert, and
-// when it is refused, wait for a notification naming the key and try
-// again. The time is from the release call to the waiter's granted
-// upsert, as for sqlease. The waiter's connection is closed at the end,
+// rawListenHandoff returns the hand-rolled handoff sampler (PostgreSQL),
+// baseline "raw+listen": the raw lease (rawLease) whose release also
+// notifies, as sqlease's does (rawLease.releaseNotify, one statement,
+// committed synchronously as an application's would be), and a waiter
+// written the way an application would write one on a single pgx
+// connection: LISTEN on the run's channel, try the upsert, and when it is
+// refused, wait for a notification naming the key and try again. The time
+// is from the release call to the waiter's granted upsert, as for sqlease.
+//
+// A sample that fails stops the sampler: its waiter is cancelled and
+// every later sample fails at once with the waiter's error (the handoff
+// figure stops at its first error anyway). The holder's lease is released
+// on every failure it sees. The waiter's connection is closed at the end,
 // never returned to the pool still listening.
-func rawNotifyHandoff(ctx context.Context, e *env) (func() (handoff, error), func(), error) {
+func rawListenHandoff(ctx context.Context, e *env) (func() (handoff, error), func(), error) {
 	raw, err := newRawLease(ctx, e, e.db, "raw_h")
 	if err != nil {
 		return nil, nil, err
@@ -658,22 +666,23 @@ func rawNotifyHandoff(ctx context.Context, e *env) (func() (handoff, error), fun
 	reqs := make(chan request)
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
+	var waitErr error // the waiter's error, set before done is closed
 	go func() {
 		defer close(done)
-		_ = conn.Raw(func(dc any) error {
+		waitErr = conn.Raw(func(dc any) error {
 			nc, ok := dc.(interface{ Conn() *pgx.Conn })
 			if !ok {
-				return fmt.Errorf("raw+notify handoff: driver connection %T is not pgx", dc)
+				return fmt.Errorf("driver connection %T is not pgx", dc)
 			}
 			c := nc.Conn()
 			// Never reuse the connection: it listens, or is mid-read.
 			defer func() { _ = c.Close(context.Background()) }()
-			_, err := c.Exec(wctx, `LISTEN sqlease_bench_raw`)
+			_, err := c.Exec(wctx, `LISTEN `+e.d.QuoteIdent(raw.channel))
 			for err == nil {
 				var r request
 				select {
 				case <-wctx.Done():
-					return driver.ErrBadConn
+					return errors.Join(context.Cause(wctx), driver.ErrBadConn)
 				case r = <-reqs:
 				}
 				var at int64
@@ -687,6 +696,17 @@ func rawNotifyHandoff(ctx context.Context, e *env) (func() (handoff, error), fun
 		})
 	}()
 	closeAll := func() { stop(); <-done; _ = conn.Close() }
+	// fail stops the waiter, releases the holder's lease and returns the
+	// sample's error with the waiter's, if it had one.
+	fail := func(key, owner string, err error) (handoff, error) {
+		stop()
+		<-done
+		_ = raw.release(context.WithoutCancel(ctx), e.db, key, owner)
+		if waitErr != nil && !errors.Is(waitErr, context.Canceled) {
+			err = fmt.Errorf("%w (the waiter: %v)", err, waitErr)
+		}
+		return handoff{}, fmt.Errorf("raw+listen handoff: %w", err)
+	}
 	sample := func() (handoff, error) {
 		key, owner := "bench/handoff/r"+raw.newOwner(), raw.newOwner()
 		ok, err := raw.tryAcquire(ctx, e.db, key, owner)
@@ -694,25 +714,31 @@ func rawNotifyHandoff(ctx context.Context, e *env) (func() (handoff, error), fun
 			return handoff{}, err
 		}
 		if !ok {
-			return handoff{}, fmt.Errorf("raw+notify handoff: key %s unexpectedly held", key)
+			return handoff{}, fmt.Errorf("raw+listen handoff: key %s unexpectedly held", key)
 		}
 		r := request{key: key, blocked: make(chan struct{}), granted: make(chan int64, 1)}
 		select {
 		case reqs <- r:
 		case <-done:
-			return handoff{}, fmt.Errorf("raw+notify handoff: the waiter failed")
+			return fail(key, owner, errors.New("the waiter failed"))
 		}
 		select {
 		case <-r.blocked:
 		case <-r.granted:
-			return handoff{}, fmt.Errorf("raw+notify handoff: the waiter failed before it blocked")
+			return fail(key, owner, errors.New("the waiter failed before it blocked"))
+		case <-time.After(10 * time.Second):
+			return fail(key, owner, errors.New("the waiter's first try did not return within 10s"))
 		}
 		time.Sleep(settle())
 		t0 := time.Now()
 		if err := raw.releaseNotify(ctx, e.db, key, owner); err != nil {
-			return handoff{}, err
+			return fail(key, owner, err)
 		}
-		return handoffWait(r.granted, t0, time.Now())
+		d, err := handoffWait(r.granted, t0, time.Now())
+		if err != nil {
+			return fail(key, owner, err)
+		}
+		return d, nil
 	}
 	return sample, closeAll, nil
 }
@@ -720,7 +746,8 @@ func rawNotifyHandoff(ctx context.Context, e *env) (func() (handoff, error), fun
 // rawWaiterAcquire is the hand-rolled blocking acquire of key on c: the
 // raw upsert, then (closing blocked once, after the first refusal) a wait
 // for a notification naming key before each new try. It releases the
-// lease it got and returns the time it was granted (Unix ns).
+// lease it got (an error if its row was not there to delete) and returns
+// the time it was granted (Unix ns).
 func rawWaiterAcquire(ctx context.Context, c *pgx.Conn, raw *rawLease, key string, blocked chan struct{}) (int64, error) {
 	owner := raw.newOwner()
 	for first := true; ; first = false {
@@ -728,7 +755,10 @@ func rawWaiterAcquire(ctx context.Context, c *pgx.Conn, raw *rawLease, key strin
 		err := c.QueryRow(ctx, raw.acquireSQL, key, owner, raw.ttlUS).Scan(&got)
 		if err == nil {
 			at := time.Now().UnixNano()
-			_, err = c.Exec(ctx, raw.relSQL, key, owner)
+			tag, err := c.Exec(ctx, raw.relSQL, key, owner)
+			if err == nil && tag.RowsAffected() != 1 {
+				err = fmt.Errorf("the waiter was granted %s but deleted %d rows of it", key, tag.RowsAffected())
+			}
 			return at, err
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {

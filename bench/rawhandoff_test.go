@@ -18,7 +18,7 @@ func pgEnv(t *testing.T) *env {
 		if os.Getenv("SQLEASE_REQUIRE_POSTGRES") == "1" {
 			t.Fatal("SQLEASE_REQUIRE_POSTGRES=1 but SQLEASE_POSTGRES_DSN is not set")
 		}
-		t.Skip("SQLEASE_POSTGRES_DSN is not set: the raw+notify handoff baseline runs on PostgreSQL only")
+		t.Skip("SQLEASE_POSTGRES_DSN is not set: the raw+listen handoff baseline runs on PostgreSQL only")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -59,14 +59,14 @@ func listeners(t *testing.T, ctx context.Context, db *sql.DB) int {
 	return listening
 }
 
-// TestRawNotifyHandoff: the hand-rolled handoff baseline hands the key
+// TestRawListenHandoff: the hand-rolled handoff baseline hands the key
 // over (the waiter is granted only after the release is called), and when it is closed no connection of the pool is left
 // listening, so the figures after it are not slowed by notifications.
-func TestRawNotifyHandoff(t *testing.T) {
+func TestRawListenHandoff(t *testing.T) {
 	e := pgEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sample, closeAll, err := rawNotifyHandoff(ctx, e)
+	sample, closeAll, err := rawListenHandoff(ctx, e)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,15 +95,15 @@ func TestRawNotifyHandoff(t *testing.T) {
 	}
 }
 
-// TestRawNotifyHandoffWaiterKilled: when the waiter's connection is
-// terminated while it waits, the sample fails at once with an error (it
-// does not wait out its 30 s bound), and closing the baseline still
-// returns.
-func TestRawNotifyHandoffWaiterKilled(t *testing.T) {
+// TestRawListenHandoffWaiterKilled: when the waiter's connection is
+// terminated between samples, the next sample fails at once with an error
+// that names the waiter (it does not hang), and closing the baseline
+// still returns and leaves no listener.
+func TestRawListenHandoffWaiterKilled(t *testing.T) {
 	e := pgEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sample, closeAll, err := rawNotifyHandoff(ctx, e)
+	sample, closeAll, err := rawListenHandoff(ctx, e)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,5 +129,50 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = $1`, 
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("the failed sample took %v", d)
+	}
+	closeAll()
+	if n := listeners(t, ctx, e.db); n != 0 {
+		t.Errorf("%d connections of the pool still listen after the baseline closed", n)
+	}
+}
+
+// TestRawListenHandoffFailedSampleStops: a sample whose release fails
+// returns the error, and stops the sampler: the next sample fails at once
+// (it does not wait forever for a waiter still waiting on the failed
+// sample's key), closing returns, and no connection is left listening.
+func TestRawListenHandoffFailedSampleStops(t *testing.T) {
+	e := pgEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sample, closeAll, err := rawListenHandoff(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	if _, err := sample(); err != nil {
+		t.Fatalf("first sample: %v", err)
+	}
+	tbl := e.table("raw_h")
+	if _, err := e.db.ExecContext(ctx, `CREATE FUNCTION `+e.schema+`.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'injected: no deletes'; END $$;
+CREATE TRIGGER refuse BEFORE DELETE ON `+tbl+` FOR EACH ROW EXECUTE FUNCTION `+e.schema+`.refuse()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sample(); err == nil || !strings.Contains(err.Error(), "injected: no deletes") {
+		t.Fatalf("sample whose release fails: err = %v, want the injected error", err)
+	}
+	if _, err := e.db.ExecContext(ctx, `DROP TRIGGER refuse ON `+tbl); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := sample(); err == nil || !strings.Contains(err.Error(), "waiter failed") {
+		t.Fatalf("sample after a failed one: err = %v, want the waiter failed", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the sample after a failed one took %v", d)
+	}
+	closeAll()
+	if n := listeners(t, ctx, e.db); n != 0 {
+		t.Errorf("%d connections of the pool still listen after the baseline closed", n)
 	}
 }

@@ -156,6 +156,37 @@ func printTable(w io.Writer, figs []Figure) {
 	_ = tw.Flush()
 }
 
+// baselineLegend says in one line what each baseline is (docs/performance.md,
+// "Baselines", has the details).
+var baselineLegend = []struct{ name, text string }{
+	{"raw", "the hand-rolled single-statement lease: an upsert to take the key, a delete to release it"},
+	{"raw+notify", "raw whose delete also calls pg_notify, as sqlease's release notifies"},
+	{rawListen, "the raw lease whose delete also calls pg_notify, and a waiter on one pgx connection that LISTENs and retries its upsert when notified"},
+	{"advisory", "PostgreSQL session advisory locks on pinned connections (nothing written)"},
+	{"advisory-shared", "the shared variants of advisory"},
+	{"goose", "goose's PostgreSQL table locker"},
+}
+
+// printLegend explains the baselines the figures name, and the A/A
+// control rows when there are any.
+func printLegend(w io.Writer, figs []Figure) {
+	seen, control := map[string]bool{}, false
+	for _, f := range figs {
+		if f.Baseline != nil {
+			seen[f.Baseline.Name] = true
+		}
+		control = control || strings.HasPrefix(f.Name, "control.")
+	}
+	for _, b := range baselineLegend {
+		if seen[b.name] {
+			fmt.Fprintf(w, "  %s: %s\n", b.name, b.text)
+		}
+	}
+	if control {
+		fmt.Fprintln(w, "  control.*: the raw lease run again in the same rounds, against raw (its value is raw's, not sqlease's); its distance from 1.00x is one measurement of this run's noise")
+	}
+}
+
 // writeJSON writes one JSON object per line per figure.
 func writeJSON(w io.Writer, figs []Figure) error {
 	enc := json.NewEncoder(w)
