@@ -345,6 +345,10 @@ func TestMigrateStatusExitsZero(t *testing.T) {
 // lock.New word the advice to migrate the same way (advice.MigrateUp),
 // naming the namespace, and the command it names works.
 func TestMigrateAdviceIsOneWording(t *testing.T) {
+	// A namespace the user named may be a typo: migrating it would make a
+	// second set of lock tables that excludes nothing in the first. The
+	// default namespace gets no caution.
+	const prefixCaution = `Check the table prefix "app_" first: if mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant`
 	for _, ns := range []dialect.Namespace{{}, {Prefix: "app_"}} {
 		path := sqliteFile(t)
 		if err := os.WriteFile(path, nil, 0o600); err != nil { // an empty SQLite database
@@ -368,12 +372,7 @@ func TestMigrateAdviceIsOneWording(t *testing.T) {
 			if r.code != 2 || !strings.Contains(r.stderr, wantCmd) {
 				t.Errorf("%s %v: want exit 2 and %q, got %v", cmd, nsFlags, wantCmd, r)
 			}
-			// A namespace the user named may be a typo: migrating it
-			// would make a second set of lock tables that excludes
-			// nothing in the first. The default namespace gets no
-			// caution.
-			const caution = "first: if mistyped, that command creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant"
-			if got := strings.Contains(oneLine(r.stderr), "Check --prefix app_ "+caution); got != (ns.Prefix != "") {
+			if got := strings.Contains(oneLine(r.stderr), prefixCaution); got != (ns.Prefix != "") {
 				t.Errorf("%s %v: caution about a mistyped --prefix shown %v, want %v: %v", cmd, nsFlags, got, ns.Prefix != "", r)
 			}
 		}
@@ -385,6 +384,11 @@ func TestMigrateAdviceIsOneWording(t *testing.T) {
 		db.Close()
 		if !errors.Is(err, lock.ErrSchemaNotMigrated) || !strings.Contains(err.Error(), wantCmd) {
 			t.Errorf("lock.New with prefix %q: want ErrSchemaNotMigrated saying %q, got %v", ns.Prefix, wantCmd, err)
+		}
+		// A library user's mistyped WithTablePrefix is cautioned about
+		// the same way.
+		if got := err != nil && strings.Contains(err.Error(), prefixCaution); got != (ns.Prefix != "") {
+			t.Errorf("lock.New with prefix %q: caution about a mistyped prefix shown %v, want %v: %v", ns.Prefix, got, ns.Prefix != "", err)
 		}
 		// The advised command line works as given.
 		line := strings.Split(wantCmd, "`")[1]

@@ -239,24 +239,6 @@ func (c *dbCmd) locker(ctx context.Context) (l *lock.Locker, closeAll func(), er
 	}, nil
 }
 
-// namespaceCaution warns, when the user named a schema or prefix that has
-// no lock tables, that migrating a mistyped one creates a second set of
-// lock tables whose leases do not exclude the first's; "" for the default
-// namespace.
-func namespaceCaution(ns dialect.Namespace) string {
-	var flags []string
-	if ns.Schema != "" {
-		flags = append(flags, "--schema "+ns.Schema)
-	}
-	if ns.Prefix != "" {
-		flags = append(flags, "--prefix "+ns.Prefix)
-	}
-	if len(flags) == 0 {
-		return ""
-	}
-	return ". Check " + strings.Join(flags, " and ") + " first: if mistyped, that command creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant"
-}
-
 // checkNamespace validates the schema and prefix for the target's dialect
 // and rejects a schema its backend reserves (a system schema such as
 // PostgreSQL's pg_catalog). Errors are usage errors naming the flag.
@@ -305,7 +287,7 @@ func newLocker(ctx context.Context, db *sql.DB, t target, ns dialect.Namespace, 
 	case errors.As(err, &se):
 		if se.Current == 0 {
 			return nil, usageErr("the lock tables are not migrated (%s is at version 0, need %d): %s%s",
-				se.Table, se.Want, migrateAdvice, namespaceCaution(ns))
+				se.Table, se.Want, migrateAdvice, advice.NamespaceCaution(ns))
 		}
 		return nil, usageErr("the lock tables are at version %d (%s), this build needs %d: %s (`sqlease migrate status` lists what is pending)",
 			se.Current, se.Table, se.Want, migrateAdvice)

@@ -156,7 +156,11 @@ func (e *LeaseLostError) Unwrap() error { return e.Err }
 type InputError = dialect.InputError
 
 // SchemaError reports lock tables that are missing or older than this
-// library (SPEC D1). It matches ErrSchemaNotMigrated.
+// library (SPEC D1). It matches ErrSchemaNotMigrated. Its message says how
+// to migrate; when the tables are missing from a schema or prefix the
+// caller named, it also cautions that a mistyped one, once migrated, would
+// be a second set of lock tables whose leases exclude nothing in the
+// first.
 type SchemaError struct {
 	Dialect string
 	Table   string // the version table looked at
@@ -168,8 +172,12 @@ type SchemaError struct {
 }
 
 func (e *SchemaError) Error() string {
-	return fmt.Sprintf("lock: the %s lock tables are at version %d (version table %s), this library needs %d: %s",
+	msg := fmt.Sprintf("lock: the %s lock tables are at version %d (version table %s), this library needs %d: %s",
 		e.Dialect, e.Current, e.Table, e.Want, advice.MigrateUp(e.Namespace))
+	if e.Current == 0 {
+		msg += advice.NamespaceCaution(e.Namespace)
+	}
+	return msg
 }
 
 // Is matches ErrSchemaNotMigrated.

@@ -46,3 +46,25 @@ func MigrateUpWith(ns dialect.Namespace, connFlags string) string {
 	}
 	return "run `" + cmd + "` (from Go: " + call + ") before using the lock tables"
 }
+
+// NamespaceCaution warns, for lock tables missing from a namespace the
+// user named (a schema, a table prefix), that migrating a mistyped one
+// creates a second, separate set of lock tables whose leases do not
+// exclude the leases in the tables meant. It is a sentence to append
+// after MigrateUp's clause, starting with ". "; "" for the default
+// namespace, which cannot be mistyped:
+//
+//	. Check the table prefix "app_" first: if mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant
+func NamespaceCaution(ns dialect.Namespace) string {
+	var named []string
+	if ns.Schema != "" {
+		named = append(named, fmt.Sprintf("the schema %q", ns.Schema))
+	}
+	if ns.Prefix != "" {
+		named = append(named, fmt.Sprintf("the table prefix %q", ns.Prefix))
+	}
+	if len(named) == 0 {
+		return ""
+	}
+	return ". Check " + strings.Join(named, " and ") + " first: if mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant"
+}
