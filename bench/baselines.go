@@ -92,18 +92,27 @@ func (r *rawLease) release(ctx context.Context, db *sql.DB, key, owner string) e
 }
 
 // releaseNotify deletes the lease and notifies (PostgreSQL), like sqlease's
-// release.
+// release. A lease that was not there to delete is an error: nothing was
+// notified.
 func (r *rawLease) releaseNotify(ctx context.Context, db *sql.DB, key, owner string) error {
 	rows, err := db.QueryContext(ctx, r.notifySQL, key, owner)
 	if err != nil {
 		return err
 	}
+	n := 0
 	for rows.Next() {
+		n++
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	return rows.Close()
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	if n != 1 {
+		return fmt.Errorf("raw release of %s by %s deleted %d rows, want 1 (nothing was notified)", key, owner, n)
+	}
+	return nil
 }
 
 // workload returns the raw acquire+release as a workload on per-client

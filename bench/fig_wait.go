@@ -644,11 +644,11 @@ func figCrossKey(ctx context.Context, e *env) ([]Figure, error) {
 // refused, wait for a notification naming the key and try again. The time
 // is from the release call to the waiter's granted upsert, as for sqlease.
 //
-// A sample that fails stops the sampler: its waiter is cancelled and
-// every later sample fails at once with the waiter's error (the handoff
-// figure stops at its first error anyway). The holder's lease is released
-// on every failure it sees. The waiter's connection is closed at the end,
-// never returned to the pool still listening.
+// A sample that fails after it took the key stops the sampler: its waiter
+// is cancelled, the holder's lease released (within 5 s), and every later
+// sample fails at once, naming the first failure (the handoff figure stops
+// at its first error anyway). The waiter's connection is closed at the
+// end, never returned to the pool still listening.
 func rawListenHandoff(ctx context.Context, e *env) (func() (handoff, error), func(), error) {
 	raw, err := newRawLease(ctx, e, e.db, "raw_h")
 	if err != nil {
@@ -666,13 +666,14 @@ func rawListenHandoff(ctx context.Context, e *env) (func() (handoff, error), fun
 	reqs := make(chan request)
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	var waitErr error // the waiter's error, set before done is closed
+	var waitErr error // why the waiter ended; set before done is closed
 	go func() {
 		defer close(done)
-		waitErr = conn.Raw(func(dc any) error {
+		_ = conn.Raw(func(dc any) error {
 			nc, ok := dc.(interface{ Conn() *pgx.Conn })
 			if !ok {
-				return fmt.Errorf("driver connection %T is not pgx", dc)
+				waitErr = fmt.Errorf("driver connection %T is not pgx", dc)
+				return driver.ErrBadConn
 			}
 			c := nc.Conn()
 			// Never reuse the connection: it listens, or is mid-read.
@@ -682,7 +683,8 @@ func rawListenHandoff(ctx context.Context, e *env) (func() (handoff, error), fun
 				var r request
 				select {
 				case <-wctx.Done():
-					return errors.Join(context.Cause(wctx), driver.ErrBadConn)
+					err = context.Cause(wctx)
+					continue
 				case r = <-reqs:
 				}
 				var at int64
@@ -692,26 +694,37 @@ func rawListenHandoff(ctx context.Context, e *env) (func() (handoff, error), fun
 				}
 				close(r.granted)
 			}
-			return errors.Join(err, driver.ErrBadConn)
+			waitErr = err
+			return driver.ErrBadConn
 		})
 	}()
 	closeAll := func() { stop(); <-done; _ = conn.Close() }
+	var stopped error // the failure that stopped the sampler
 	// fail stops the waiter, releases the holder's lease and returns the
-	// sample's error with the waiter's, if it had one.
+	// sample's error, with the waiter's and the release's when they add
+	// something.
 	fail := func(key, owner string, err error) (handoff, error) {
 		stop()
 		<-done
-		_ = raw.release(context.WithoutCancel(ctx), e.db, key, owner)
 		if waitErr != nil && !errors.Is(waitErr, context.Canceled) {
 			err = fmt.Errorf("%w (the waiter: %v)", err, waitErr)
 		}
-		return handoff{}, fmt.Errorf("raw+listen handoff: %w", err)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if rerr := raw.release(rctx, e.db, key, owner); rerr != nil {
+			err = fmt.Errorf("%w (releasing the holder's lease: %v)", err, rerr)
+		}
+		stopped = fmt.Errorf("raw+listen handoff: %w", err)
+		return handoff{}, stopped
 	}
 	sample := func() (handoff, error) {
+		if stopped != nil {
+			return handoff{}, fmt.Errorf("raw+listen handoff: stopped after an earlier failure: %w", stopped)
+		}
 		key, owner := "bench/handoff/r"+raw.newOwner(), raw.newOwner()
 		ok, err := raw.tryAcquire(ctx, e.db, key, owner)
 		if err != nil {
-			return handoff{}, err
+			return handoff{}, fmt.Errorf("raw+listen handoff: the holder's acquire: %w", err)
 		}
 		if !ok {
 			return handoff{}, fmt.Errorf("raw+listen handoff: key %s unexpectedly held", key)
@@ -724,7 +737,10 @@ func rawListenHandoff(ctx context.Context, e *env) (func() (handoff, error), fun
 		}
 		select {
 		case <-r.blocked:
-		case <-r.granted:
+		case _, granted := <-r.granted:
+			if granted {
+				return fail(key, owner, errors.New("the waiter was granted the key while the holder held it"))
+			}
 			return fail(key, owner, errors.New("the waiter failed before it blocked"))
 		case <-time.After(10 * time.Second):
 			return fail(key, owner, errors.New("the waiter's first try did not return within 10s"))

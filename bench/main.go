@@ -149,7 +149,6 @@ func run() int {
 	fmt.Printf("sqlease bench: dialect %s, engine %s, %d rounds x %s, %s total\n", e.dialect, rev, cfg.rounds, cfg.duration, time.Since(start).Round(time.Second))
 	fmt.Printf("machine: %s; load average at start %.2f, at end %.2f (column load: when each figure was taken; wall-clock figures are only compared with their baseline from the same run)\n\n", e.machine, startLoad, loadAverage())
 	printTable(os.Stdout, figs)
-	fmt.Println("\nbaselines:")
 	printLegend(os.Stdout, figs)
 	if m := missed(figs); len(m) > 0 {
 		fmt.Printf("\nmissed targets (%d):\n  %s\n", len(m), strings.Join(m, "\n  "))

@@ -158,15 +158,15 @@ BEGIN RAISE EXCEPTION 'injected: no deletes'; END $$;
 CREATE TRIGGER refuse BEFORE DELETE ON `+tbl+` FOR EACH ROW EXECUTE FUNCTION `+e.schema+`.refuse()`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sample(); err == nil || !strings.Contains(err.Error(), "injected: no deletes") {
-		t.Fatalf("sample whose release fails: err = %v, want the injected error", err)
+	if _, err := sample(); err == nil || !strings.Contains(err.Error(), "injected: no deletes") || !strings.Contains(err.Error(), "releasing the holder's lease") {
+		t.Fatalf("sample whose release fails: err = %v, want the injected error, and the failed cleanup release reported", err)
 	}
 	if _, err := e.db.ExecContext(ctx, `DROP TRIGGER refuse ON `+tbl); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if _, err := sample(); err == nil || !strings.Contains(err.Error(), "waiter failed") {
-		t.Fatalf("sample after a failed one: err = %v, want the waiter failed", err)
+	if _, err := sample(); err == nil || !strings.Contains(err.Error(), "stopped after an earlier failure") || !strings.Contains(err.Error(), "injected: no deletes") {
+		t.Fatalf("sample after a failed one: err = %v, want stopped after the earlier failure, named", err)
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("the sample after a failed one took %v", d)

@@ -167,8 +167,9 @@ var baselineLegend = []struct{ name, text string }{
 	{"goose", "goose's PostgreSQL table locker"},
 }
 
-// printLegend explains the baselines the figures name, and the A/A
-// control rows when there are any.
+// printLegend explains, after a blank line, the baselines the figures
+// name, and the A/A control rows when there are any; nothing when there
+// are neither.
 func printLegend(w io.Writer, figs []Figure) {
 	seen, control := map[string]bool{}, false
 	for _, f := range figs {
@@ -177,13 +178,17 @@ func printLegend(w io.Writer, figs []Figure) {
 		}
 		control = control || strings.HasPrefix(f.Name, "control.")
 	}
+	var lines []string
 	for _, b := range baselineLegend {
 		if seen[b.name] {
-			fmt.Fprintf(w, "  %s: %s\n", b.name, b.text)
+			lines = append(lines, b.name+": "+b.text)
 		}
 	}
 	if control {
-		fmt.Fprintln(w, "  control.*: the raw lease run again in the same rounds, against raw (its value is raw's, not sqlease's); its distance from 1.00x is one measurement of this run's noise")
+		lines = append(lines, "control.*: the raw lease run again in the same rounds, against raw (its value is raw's, not sqlease's); its distance from 1.00x is one measurement of this run's noise")
+	}
+	if len(lines) > 0 {
+		fmt.Fprintf(w, "\nbaselines:\n  %s\n", strings.Join(lines, "\n  "))
 	}
 }
 

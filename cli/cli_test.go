@@ -348,7 +348,7 @@ func TestMigrateAdviceIsOneWording(t *testing.T) {
 	// A namespace the user named may be a typo: migrating it would make a
 	// second set of lock tables that excludes nothing in the first. The
 	// default namespace gets no caution.
-	const prefixCaution = `Check the table prefix "app_" first: if mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant`
+	const prefixCaution = `Before you do, check the table prefix "app_": if it is mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant`
 	for _, ns := range []dialect.Namespace{{}, {Prefix: "app_"}} {
 		path := sqliteFile(t)
 		if err := os.WriteFile(path, nil, 0o600); err != nil { // an empty SQLite database
@@ -366,6 +366,9 @@ func TestMigrateAdviceIsOneWording(t *testing.T) {
 		r := cli(t, append([]string{"migrate", "status", "--dsn", path}, nsFlags...)...)
 		if r.code != 0 || !strings.Contains(r.stdout, "database at version 0 of ") || !strings.Contains(r.stdout, wantCmd) {
 			t.Errorf("migrate status %v: want exit 0 and %q, got %v", nsFlags, wantCmd, r)
+		}
+		if got := strings.Contains(oneLine(r.stdout), prefixCaution); got != (ns.Prefix != "") {
+			t.Errorf("migrate status %v: caution about a mistyped --prefix shown %v, want %v: %v", nsFlags, got, ns.Prefix != "", r)
 		}
 		for _, cmd := range []string{"status", "sweep"} {
 			r := cli(t, append([]string{cmd, "--dsn", path}, nsFlags...)...)

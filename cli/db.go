@@ -287,7 +287,7 @@ func newLocker(ctx context.Context, db *sql.DB, t target, ns dialect.Namespace, 
 	case errors.As(err, &se):
 		if se.Current == 0 {
 			return nil, usageErr("the lock tables are not migrated (%s is at version 0, need %d): %s%s",
-				se.Table, se.Want, migrateAdvice, advice.NamespaceCaution(ns))
+				se.Table, se.Want, migrateAdvice, advice.NamespaceCaution(se.Namespace))
 		}
 		return nil, usageErr("the lock tables are at version %d (%s), this build needs %d: %s (`sqlease migrate status` lists what is pending)",
 			se.Current, se.Table, se.Want, migrateAdvice)

@@ -157,10 +157,10 @@ type InputError = dialect.InputError
 
 // SchemaError reports lock tables that are missing or older than this
 // library (SPEC D1). It matches ErrSchemaNotMigrated. Its message says how
-// to migrate; when the tables are missing from a schema or prefix the
-// caller named, it also cautions that a mistyped one, once migrated, would
-// be a second set of lock tables whose leases exclude nothing in the
-// first.
+// to migrate; when the namespace is not migrated at all (Current 0) and
+// the caller named a schema or prefix, it also cautions that a mistyped
+// one, once migrated, would be a second set of lock tables whose leases
+// exclude nothing in the first.
 type SchemaError struct {
 	Dialect string
 	Table   string // the version table looked at
@@ -172,12 +172,12 @@ type SchemaError struct {
 }
 
 func (e *SchemaError) Error() string {
-	msg := fmt.Sprintf("lock: the %s lock tables are at version %d (version table %s), this library needs %d: %s",
-		e.Dialect, e.Current, e.Table, e.Want, advice.MigrateUp(e.Namespace))
 	if e.Current == 0 {
-		msg += advice.NamespaceCaution(e.Namespace)
+		return fmt.Sprintf("lock: the %s lock tables are not migrated (version table %s is at version 0), this library needs %d: %s%s",
+			e.Dialect, e.Table, e.Want, advice.MigrateUp(e.Namespace), advice.NamespaceCaution(e.Namespace))
 	}
-	return msg
+	return fmt.Sprintf("lock: the %s lock tables are at version %d (version table %s), this library needs %d: %s",
+		e.Dialect, e.Current, e.Table, e.Want, advice.MigrateUp(e.Namespace))
 }
 
 // Is matches ErrSchemaNotMigrated.

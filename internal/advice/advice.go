@@ -54,7 +54,7 @@ func MigrateUpWith(ns dialect.Namespace, connFlags string) string {
 // after MigrateUp's clause, starting with ". "; "" for the default
 // namespace, which cannot be mistyped:
 //
-//	. Check the table prefix "app_" first: if mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant
+//	. Before you do, check the table prefix "app_": if it is mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant
 func NamespaceCaution(ns dialect.Namespace) string {
 	var named []string
 	if ns.Schema != "" {
@@ -66,5 +66,9 @@ func NamespaceCaution(ns dialect.Namespace) string {
 	if len(named) == 0 {
 		return ""
 	}
-	return ". Check " + strings.Join(named, " and ") + " first: if mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant"
+	it := "it is"
+	if len(named) > 1 {
+		it = "either is"
+	}
+	return ". Before you do, check " + strings.Join(named, " and ") + ": if " + it + " mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant"
 }

@@ -24,15 +24,15 @@ func TestMigrateUp(t *testing.T) {
 // TestNamespaceCaution: a named schema or prefix gets the caution naming
 // each; the default namespace gets none.
 func TestNamespaceCaution(t *testing.T) {
-	const rest = " first: if mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant"
+	const rest = " mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant"
 	for _, tc := range []struct {
 		ns   dialect.Namespace
 		want string
 	}{
 		{dialect.Namespace{}, ""},
-		{dialect.Namespace{Prefix: "app_"}, `. Check the table prefix "app_"` + rest},
-		{dialect.Namespace{Schema: "locks"}, `. Check the schema "locks"` + rest},
-		{dialect.Namespace{Schema: "locks", Prefix: "app_"}, `. Check the schema "locks" and the table prefix "app_"` + rest},
+		{dialect.Namespace{Prefix: "app_"}, `. Before you do, check the table prefix "app_": if it is` + rest},
+		{dialect.Namespace{Schema: "locks"}, `. Before you do, check the schema "locks": if it is` + rest},
+		{dialect.Namespace{Schema: "locks", Prefix: "app_"}, `. Before you do, check the schema "locks" and the table prefix "app_": if either is` + rest},
 	} {
 		if got := NamespaceCaution(tc.ns); got != tc.want {
 			t.Errorf("NamespaceCaution(%+v) =\n  %s\nwant\n  %s", tc.ns, got, tc.want)
