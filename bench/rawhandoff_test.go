@@ -30,6 +30,36 @@ func pgEnv(t *testing.T) *env {
 	return e
 }
 
+// startRawListen sets up the raw+listen handoff sampler on a fresh bench
+// environment and takes one sample, which must succeed. The sampler is
+// closed at cleanup (closing it again is harmless).
+func startRawListen(t *testing.T) (e *env, ctx context.Context, sample func() (handoff, error), closeAll func()) {
+	t.Helper()
+	e = pgEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	sample, closeAll, err := rawListenHandoff(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(closeAll)
+	if _, err := sample(); err != nil {
+		t.Fatalf("first sample: %v", err)
+	}
+	return e, ctx, sample, closeAll
+}
+
+// closeLeavesNoListener closes the sampler and checks that no connection
+// of the pool still listens, so the figures after it are not slowed by
+// notifications.
+func closeLeavesNoListener(t *testing.T, ctx context.Context, e *env, closeAll func()) {
+	t.Helper()
+	closeAll()
+	if n := listeners(t, ctx, e.db); n != 0 {
+		t.Errorf("%d connections of the pool still listen after the baseline closed", n)
+	}
+}
+
 // listeners returns how many of db's connections LISTEN on a channel: it
 // takes every open connection of the pool at once and asks each.
 func listeners(t *testing.T, ctx context.Context, db *sql.DB) int {
@@ -63,17 +93,10 @@ func listeners(t *testing.T, ctx context.Context, db *sql.DB) int {
 // over (the waiter is granted only after the release is called), and when it is closed no connection of the pool is left
 // listening, so the figures after it are not slowed by notifications.
 func TestRawListenHandoff(t *testing.T) {
-	e := pgEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	sample, closeAll, err := rawListenHandoff(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, sample, closeAll := startRawListen(t)
 	for i := range 3 {
 		d, err := sample()
 		if err != nil {
-			closeAll()
 			t.Fatalf("sample %d: %v", i, err)
 		}
 		// The notification may reach the waiter before the release's reply
@@ -82,10 +105,7 @@ func TestRawListenHandoff(t *testing.T) {
 			t.Errorf("sample %d: release call -> grant %v: the waiter was granted before the release was called", i, d.fromCall)
 		}
 	}
-	closeAll()
-	if n := listeners(t, ctx, e.db); n != 0 {
-		t.Errorf("%d connections of the pool still listen after the baseline closed", n)
-	}
+	closeLeavesNoListener(t, ctx, e, closeAll)
 	var held int
 	if err := e.db.QueryRowContext(ctx, `SELECT count(*) FROM `+e.table("raw_h")).Scan(&held); err != nil {
 		t.Fatal(err)
@@ -100,17 +120,7 @@ func TestRawListenHandoff(t *testing.T) {
 // that names the waiter (it does not hang), and closing the baseline
 // still returns and leaves no listener.
 func TestRawListenHandoffWaiterKilled(t *testing.T) {
-	e := pgEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	sample, closeAll, err := rawListenHandoff(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeAll()
-	if _, err := sample(); err != nil {
-		t.Fatalf("first sample: %v", err)
-	}
+	e, ctx, sample, closeAll := startRawListen(t)
 	// Between samples the waiter's backend is the one whose last statement
 	// was its own release of this schema's raw_h (the holder releases with
 	// notifySQL).
@@ -130,10 +140,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = $1`, 
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("the failed sample took %v", d)
 	}
-	closeAll()
-	if n := listeners(t, ctx, e.db); n != 0 {
-		t.Errorf("%d connections of the pool still listen after the baseline closed", n)
-	}
+	closeLeavesNoListener(t, ctx, e, closeAll)
 }
 
 // TestRawListenHandoffFailedSampleStops: a sample whose release fails
@@ -141,17 +148,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = $1`, 
 // (it does not wait forever for a waiter still waiting on the failed
 // sample's key), closing returns, and no connection is left listening.
 func TestRawListenHandoffFailedSampleStops(t *testing.T) {
-	e := pgEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	sample, closeAll, err := rawListenHandoff(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeAll()
-	if _, err := sample(); err != nil {
-		t.Fatalf("first sample: %v", err)
-	}
+	e, ctx, sample, closeAll := startRawListen(t)
 	tbl := e.table("raw_h")
 	if _, err := e.db.ExecContext(ctx, `CREATE FUNCTION `+e.schema+`.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'injected: no deletes'; END $$;
@@ -171,8 +168,5 @@ CREATE TRIGGER refuse BEFORE DELETE ON `+tbl+` FOR EACH ROW EXECUTE FUNCTION `+e
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("the sample after a failed one took %v", d)
 	}
-	closeAll()
-	if n := listeners(t, ctx, e.db); n != 0 {
-		t.Errorf("%d connections of the pool still listen after the baseline closed", n)
-	}
+	closeLeavesNoListener(t, ctx, e, closeAll)
 }
