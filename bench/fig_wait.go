@@ -153,29 +153,23 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 			return out, nil
 		})
 	}
-	paths := []struct {
+	type path struct {
 		name   string
 		sample func() (handoff, error)
-	}{{"xproc", xproc}, {"inproc", inproc}}
+	}
+	paths := []path{{"xproc", xproc}, {"inproc", inproc}}
 	if e.isPG() {
 		adv, closeAdv, err := advisoryHandoff(ctx, e)
 		if err != nil {
 			return nil, err
 		}
 		defer closeAdv()
-		paths = append(paths, struct {
-			name   string
-			sample func() (handoff, error)
-		}{"advisory", adv})
 		rawl, closeRaw, err := rawListenHandoff(ctx, e)
 		if err != nil {
 			return nil, err
 		}
 		defer closeRaw()
-		paths = append(paths, struct {
-			name   string
-			sample func() (handoff, error)
-		}{rawListen, rawl})
+		paths = append(paths, path{"advisory", adv}, path{rawListen, rawl})
 	}
 	got, after := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for _, p := range paths { // warm-up: connections, listeners
