@@ -65,6 +65,13 @@ func vacuumLockTables(ctx context.Context, e *env) error {
 	return nil
 }
 
+// throughputAll is every figure of one throughput step: TryAcquire against
+// each baseline, the Do and Acquire paths, and the A/A control.
+func throughputAll(e *env, name string, res map[string]*series, baselines []string, want target) []Figure {
+	out := append(throughputFigures(e, name, res, baselines, want), pathFigures(e, name, res, want)...)
+	return append(out, controlFigure(e, name, res))
+}
+
 // rawAgain names the A/A control workload of the throughput figures: the
 // raw lease a second time, on keys of its own, in the same interleaved
 // rounds, run right after raw as sqlease's TryAcquire runs right before.
@@ -80,7 +87,7 @@ func controlFigure(e *env, name string, res map[string]*series) Figure {
 	s := res[rawAgain]
 	f := figure("control."+name+".ops", e.dialect, s.median(), "ops/s", base("raw", res["raw"].median()), info)
 	f.Rounds = s.rounds
-	f.Note = "A/A control: value is the raw lease again (not sqlease), on its own keys, in the same rounds; baseline rounds " + fmt.Sprint(roundInts(res["raw"].rounds))
+	f.Note = "A/A control: " + controlLegend + "; on keys of its own; baseline rounds " + fmt.Sprint(roundInts(res["raw"].rounds))
 	return f
 }
 
@@ -178,7 +185,7 @@ func figExclusive(ctx context.Context, e *env, clients int) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(append(throughputFigures(e, name, res, baselines, want), pathFigures(e, name, res, want)...), controlFigure(e, name, res)), nil
+	return throughputAll(e, name, res, baselines, want), nil
 }
 
 // figShared: uncontended shared acquire+release, clients clients on
@@ -217,5 +224,5 @@ func figShared(ctx context.Context, e *env, clients int) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(append(throughputFigures(e, name, res, baselines, want), pathFigures(e, name, res, want)...), controlFigure(e, name, res)), nil
+	return throughputAll(e, name, res, baselines, want), nil
 }

@@ -240,7 +240,7 @@ const rawListen = "raw+listen"
 // the same run.
 func rawListenFigure(e *env, name string, v float64, raw []time.Duration, pc float64) Figure {
 	f := figure(name, e.dialect, v, "ms", base(rawListen, ms(percentile(raw, pc))), info)
-	f.Note = fmt.Sprintf("baseline: %d samples of the raw lease whose release notifies (committed synchronously), and a waiter on one pgx connection that LISTENs and retries its upsert when notified", len(raw))
+	f.Note = fmt.Sprintf("baseline: %d samples of %s (its release committed synchronously)", len(raw), legend(rawListen))
 	return f
 }
 

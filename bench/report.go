@@ -167,6 +167,21 @@ var baselineLegend = []struct{ name, text string }{
 	{"goose", "goose's PostgreSQL table locker"},
 }
 
+// controlLegend says what an A/A control row is (controlFigure), in the
+// legend and in the row's note.
+const controlLegend = "the raw lease run again in the same rounds, against raw (its value is raw's, not sqlease's); its distance from 1.00x is one measurement of this run's noise"
+
+// legend returns baselineLegend's text for the baseline name ("" when it
+// has none).
+func legend(name string) string {
+	for _, b := range baselineLegend {
+		if b.name == name {
+			return b.text
+		}
+	}
+	return ""
+}
+
 // printLegend explains, after a blank line, the baselines the figures
 // name, and the A/A control rows when there are any; nothing when there
 // are neither.
@@ -185,7 +200,7 @@ func printLegend(w io.Writer, figs []Figure) {
 		}
 	}
 	if control {
-		lines = append(lines, "control.*: the raw lease run again in the same rounds, against raw (its value is raw's, not sqlease's); its distance from 1.00x is one measurement of this run's noise")
+		lines = append(lines, "control.*: "+controlLegend)
 	}
 	if len(lines) > 0 {
 		fmt.Fprintf(w, "\nbaselines:\n  %s\n", strings.Join(lines, "\n  "))
