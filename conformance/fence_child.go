@@ -116,7 +116,10 @@ func fencedCounterWorker(ctx context.Context, db *sql.DB, d dialect.Dialect, spe
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("acquire: %w", err)
+			// The counts say how the turns before ended: an ErrReentrant
+			// here means the Locker still held the key from one of them.
+			return fmt.Errorf("acquire (turn %d; so far %d grants, %d orphaned, %d increments, %d refused as lost, %d refused by the token guard): %w",
+				turn, grants, orphans, ok, lost, stale, err)
 		}
 		grants++
 		switch (index + turn) % 4 {
