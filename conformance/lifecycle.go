@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -474,10 +475,6 @@ func h2RenewalRetriesBackOff(e *Env) {
 // means lost). Then the same with batches that fail at once.
 func h2OversizedBatchSplit(e *Env) {
 	ctx := e.Ctx()
-	// A lease in a RenewBatch argument is "<32 hex>:<token>" plus JSON
-	// quoting and a comma: at least 36 bytes. The one-lease Renew
-	// statement carries 32.
-	const maxBytes = 40 * 36
 	// A dialect without RenewBatch renews one lease per statement, one
 	// after the other: there is no batch to split, and the case checks
 	// that the faults on oversized statements leave its renewals alone,
@@ -505,6 +502,12 @@ func h2OversizedBatchSplit(e *Env) {
 		}
 		held = append(held, le)
 	}
+	// A lease in a RenewBatch argument is "<32 hex>:<token>" plus JSON
+	// quoting and a comma: 35 bytes and the token's digits (tokens follow
+	// the database clock in microseconds, SPEC S7: about 16 digits). The
+	// one-lease Renew statement carries less. Statements bigger than 40
+	// leases' worth fail.
+	maxBytes := 40 * (35 + len(strconv.FormatInt(held[len(held)-1].Token(), 10)))
 	for _, fault := range []faultdb.Rule{
 		{Action: faultdb.Hang},
 		{Action: faultdb.Fail, Err: lcTransientError(e)},

@@ -420,6 +420,15 @@ type Statements struct {
 	// when the caller's marker is set, none otherwise (SPEC W1). Without it
 	// the engine runs the Acquire script to refresh a marker.
 	Mark string
+
+	// Primary is an optional query, without parameters or names, that
+	// lock.New and migrate.Up run before anything else: one row of two
+	// columns, (read_only, reason). read_only true (1) with a reason naming
+	// the server: a read-only replica (ErrReadOnly); false with a reason:
+	// the server cannot keep the dialect's rules for another cause
+	// (errors.ErrUnsupported); false with an empty or NULL reason: a
+	// writable primary (SPEC S7).
+	Primary string
 }
 
 // Namespace says where the lock objects live: an optional schema (dialects

@@ -44,6 +44,14 @@ var (
 	// ErrSchemaNotMigrated: the lock tables are missing or older than this
 	// library (SPEC D1). Detail: *SchemaError.
 	ErrSchemaNotMigrated = errors.New("schema not migrated")
+	// ErrReadOnly: New was given a read-only replica (a PostgreSQL hot
+	// standby, a MySQL or MariaDB server with read_only on) instead of the
+	// primary; a lease granted there would not exist on the primary (SPEC
+	// S7). It is dialect.ErrReadOnly. Detail: *dialect.ServerError, which
+	// names the server; a server that is writable but breaks the dialect's
+	// rules (a Galera node) gets the same type matching
+	// errors.ErrUnsupported instead.
+	ErrReadOnly = dialect.ErrReadOnly
 )
 
 // Holder describes one lease, pending-writer marker or FIFO ticket found in

@@ -178,7 +178,9 @@ var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us",
 //
 // Errors: a nil db, a bad option or namespace (ErrInvalidInput, naming the
 // value; SPEC I1, D3); an unknown dialect (dialect.ErrUnknownDialect); a bad
-// template; tables missing or old (ErrSchemaNotMigrated, saying to run
+// template; a read-only replica (ErrReadOnly, naming the server; SPEC S7)
+// or a server the dialect cannot keep its rules on (errors.ErrUnsupported);
+// tables missing or old (ErrSchemaNotMigrated, saying to run
 // `sqlease migrate up` or migrate.Up; SPEC D1); or the database's error.
 func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ *Locker, err error) {
 	if db == nil {
@@ -206,6 +208,9 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 		l.renewDB = cfg.renewDB
 	}
 	if err := l.compile(); err != nil {
+		return nil, err
+	}
+	if err := dialect.CheckPrimary(ctx, db, d, "lock"); err != nil {
 		return nil, err
 	}
 	if cfg.sweepEvery > 0 {

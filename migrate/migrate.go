@@ -238,7 +238,9 @@ func provider(db *sql.DB, d dialect.Dialect, c config, locked bool) (*goose.Prov
 // namespace, and a pool limited to one connection for a dialect with a
 // dialect.MigrationLocker (the lock needs a second one) are rejected before
 // anything is written, with an *dialect.InputError matching
-// dialect.ErrInvalidInput (= lock.ErrInvalidInput; rule I1).
+// dialect.ErrInvalidInput (= lock.ErrInvalidInput; rule I1). A read-only
+// replica is refused before anything is written too, with a
+// *dialect.ServerError matching dialect.ErrReadOnly (rule S7).
 func Up(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) ([]string, error) {
 	d, err := resolve(db, d)
 	if err != nil {
@@ -250,6 +252,9 @@ func Up(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) ([]s
 	}
 	// Every check comes before the first write.
 	if err := checkPool(db, d, "Up"); err != nil {
+		return nil, err
+	}
+	if err := dialect.CheckPrimary(ctx, db, d, "migrate"); err != nil {
 		return nil, err
 	}
 	if pc, ok := d.(dialect.MigrationPoolChecker); ok {

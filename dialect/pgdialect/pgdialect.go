@@ -193,9 +193,17 @@ func (Dialect) Classify(err error) dialect.ErrorClass {
 // BEGIN ISOLATION LEVEL READ COMMITTED.
 const SQLStateWrongIsolation = "SL001"
 
+// primaryQuery refuses a hot standby (SPEC S7): a lease granted there
+// would not exist on the primary. It names the server as the standby sees
+// itself (its address and port, or the local socket).
+const primaryQuery = `SELECT pg_is_in_recovery(), CASE WHEN pg_is_in_recovery() THEN
+  'hot standby at ' || coalesce(host(inet_server_addr()) || ':' || inet_server_port(), 'a local socket') ||
+  ' (pg_is_in_recovery() is true)' END`
+
 // Statements returns the PostgreSQL statement templates.
 func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
+		Primary:   primaryQuery,
 		Isolation: sql.LevelReadCommitted,
 		Acquire: []string{`SELECT granted, lease_id, mode, owner, token, expires_us, now_us
 FROM {acquire}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint, @watch_us::bigint)`},

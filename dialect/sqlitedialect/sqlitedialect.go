@@ -227,6 +227,16 @@ func chain(err error) []error {
 // now is the database clock in integer microseconds (millisecond resolution).
 const now = `(CAST(unixepoch('subsec') * 1000 AS INTEGER) * 1000)`
 
+// nextToken is the fencing token of a grant, read from the counter row c: a
+// hybrid clock, greater than the last token granted (the counter row, which
+// the token_bump trigger advances; SPEC S3) and at least the database clock
+// in microseconds. A database file restored from an older copy has an older
+// counter, but its clock has moved on past every token the lost grants took,
+// so tokens never go back (SPEC S7): that assumes the clock of the machine
+// that opens the restored file is not behind the old one's by more than the
+// time since the copy was taken.
+const nextToken = `max(c.value + 1, ` + now + `)`
+
 // mySeq is the FIFO caller's place in the queue of its key: its live
 // ticket's sequence number, or past every ticket when it has none (a try).
 const mySeq = `coalesce((SELECT seq FROM {tickets} WHERE ticket_id = @ticket_id AND expires_us > ` + now + `), 9223372036854775807)`
@@ -274,7 +284,7 @@ WHERE m.lock_key = @key AND m.waiter_id = @lease_id AND m.expires_us > ` + now +
 			// Grant when nothing blocks; the token_bump trigger advances
 			// the counter row to the new token.
 			`INSERT INTO {holders} (lease_id, lock_key, mode, owner, token, acquired_us, expires_us)
-SELECT @lease_id, @key, @mode, @owner, c.value + 1, ` + now + `, ` + now + ` + @ttl_us
+SELECT @lease_id, @key, @mode, @owner, ` + nextToken + `, ` + now + `, ` + now + ` + @ttl_us
 FROM {counter} c
 WHERE c.id = 1
   AND @mode IN ('x', 's')
@@ -362,7 +372,7 @@ SELECT @ticket_id, @key, @mode, @owner, ` + now + `, ` + now + ` + @ticket_us
 WHERE @ticket_us > 0 AND @mode IN ('x', 's')
 ON CONFLICT (ticket_id) DO UPDATE SET expires_us = excluded.expires_us`,
 			`INSERT INTO {holders} (lease_id, lock_key, mode, owner, token, acquired_us, expires_us)
-SELECT @lease_id, @key, @mode, @owner, c.value + 1, ` + now + `, ` + now + ` + @ttl_us
+SELECT @lease_id, @key, @mode, @owner, ` + nextToken + `, ` + now + `, ` + now + ` + @ttl_us
 FROM {counter} c
 WHERE c.id = 1
   AND @mode IN ('x', 's')
@@ -419,7 +429,7 @@ VALUES (@lease_id, @key,
          OR EXISTS (SELECT 1 FROM {markers} m
                     WHERE m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id)
        THEN NULL ELSE @mode END,
-  @owner, (SELECT c.value + 1 FROM {counter} c WHERE c.id = 1), ` + now + `, ` + now + ` + @ttl_us)
+  @owner, (SELECT ` + nextToken + ` FROM {counter} c WHERE c.id = 1), ` + now + `, ` + now + ` + @ttl_us)
 RETURNING 1 AS granted, lease_id, mode, owner, token, expires_us, ` + now + ` AS now_us`,
 		// A marker refresh in one statement: set, refresh, or take over
 		// an expired marker of another waiter.

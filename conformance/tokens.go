@@ -1,0 +1,42 @@
+package conformance
+
+import (
+	"time"
+
+	"github.com/sqlease/sqlease/lock"
+)
+
+// Cases for SPEC S7: tokens never go back. A dialect proves the part every
+// database shares here: a grant's token is at least the database clock at
+// the grant, in microseconds, so a server that lost grants (a promoted
+// asynchronous standby, a restored backup or dump) still issues tokens
+// above every lost one once its clock has passed them. The failover and
+// restore themselves are proved per dialect on real replica clusters.
+
+func init() {
+	register(
+		Case{Name: "S7_TokenIsAtLeastDatabaseClock", Rule: "S7", Run: s7TokenAtLeastClock},
+	)
+}
+
+// s7TokenAtLeastClock: every grant, exclusive or shared, first or after a
+// release, takes a token no smaller than the database's clock when it was
+// granted (GrantedAt, in database time; SPEC S2).
+func s7TokenAtLeastClock(e *Env) {
+	ctx := e.Ctx()
+	l := e.NewLocker(nil)
+	for i, m := range []lock.Mode{lock.Exclusive, lock.Shared, lock.Exclusive} {
+		le, err := l.TryAcquire(ctx, "s7/k", m)
+		if err != nil {
+			e.T.Fatalf("grant %d (%s): %v", i, m, err)
+		}
+		floor := le.GrantedAt().Add(-clkResolution).UnixMicro()
+		if le.Token() < floor {
+			e.T.Errorf("grant %d (%s): token %d is below the database clock at the grant, %s = %d µs since the epoch: a server that lost grants could reissue it (SPEC S7)",
+				i, m, le.Token(), le.GrantedAt().UTC().Format(time.RFC3339Nano), le.GrantedAt().UnixMicro())
+		}
+		if err := le.Release(ctx); err != nil {
+			e.T.Fatalf("release %d: %v", i, err)
+		}
+	}
+}
