@@ -171,13 +171,23 @@ func open(ctx context.Context, f *dbFlags, mustExist bool) (*sql.DB, target, err
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		db.Close()
-		where := t.file
-		if where == "" {
-			where = redactDSN(t.dsn)
-		}
-		return nil, t, usageErr("cannot reach the %s database %s: %s", t.dialect.Name(), where, scrubSecrets(err.Error(), t.dsn))
+		return nil, t, usageErr("cannot reach the %s database %s: %s", t.dialect.Name(), t.where(), scrubSecrets(err.Error(), t.dsn))
+	}
+	// A replica would take grants the primary never sees (SPEC S7).
+	if err := dialect.CheckPrimary(pctx, db, t.dialect, "sqlease"); err != nil {
+		db.Close()
+		return nil, t, usageErr("%s (--dsn %s)", scrubSecrets(err.Error(), t.dsn), t.where())
 	}
 	return db, t, nil
+}
+
+// where names the database for a message: its file, or its DSN without
+// the user information.
+func (t target) where() string {
+	if t.file != "" {
+		return t.file
+	}
+	return redactDSN(t.dsn)
 }
 
 // dbCmd is the flag and database prologue the database commands share:
