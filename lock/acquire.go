@@ -299,6 +299,15 @@ const maxLockWait = 250 * time.Millisecond
 // (what blocked ended meanwhile); the attempt is simply repeated.
 var errNoOutcome = errors.New("acquire neither granted nor reported holders")
 
+// errUnconfirmed: a statement reported success after its own deadline
+// passed, so the driver may have cancelled it while its commit waited for
+// a synchronous standby; PostgreSQL then answers with success and a
+// warning ("might not have been replicated"), and a failover can lose the
+// commit. Such a grant or renewal is an unknown outcome: the grant is
+// undone, the renewal extends nothing (SPEC S7, H1). It matches
+// context.DeadlineExceeded, so both retry it as transient.
+var errUnconfirmed = fmt.Errorf("statement reported success after its deadline, so its commit may not have reached a synchronous standby: %w", context.DeadlineExceeded)
+
 type acquireResult struct {
 	granted   bool
 	grantedAt time.Time
@@ -603,10 +612,15 @@ func acquireBounds(stmtTimeout time.Duration, hard time.Time, callerCancels bool
 // one statement (first: a blocking acquire's first attempt, Grant first) or
 // a Probe and Grant, and a refused poll is the Probe, plus Mark when the
 // marker is due.
-func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID string, markerUS, watchUS int64, tk *ticketArgs, hard time.Time, first, callerCancels bool) (acquireResult, error) {
+func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID string, markerUS, watchUS int64, tk *ticketArgs, hard time.Time, first, callerCancels bool) (res acquireResult, err error) {
 	timeout, wait := acquireBounds(l.cfg.stmtTimeout, hard, callerCancels)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
+	defer func() {
+		if err == nil && res.granted && sctx.Err() != nil {
+			err = errUnconfirmed
+		}
+	}()
 	// When the caller gives up, let the statement finish for a moment, then
 	// cancel it through the driver (which aborts it on the server); either
 	// way its outcome is known before undo runs.
@@ -620,7 +634,6 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 			probe.ok = false
 		}
 	}
-	var res acquireResult
 	// The scan targets, in one allocation for every row of the attempt
 	// (passed to Scan through interfaces, each would be allocated alone).
 	var r struct {
@@ -682,7 +695,7 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 			}
 		}
 	}
-	err := l.runAcquire(sctx, script, vals, scan, &res, wait)
+	err = l.runAcquire(sctx, script, vals, scan, &res, wait)
 	if err == nil && !res.granted && len(res.holders) == 0 {
 		err = errNoOutcome
 	}
@@ -780,6 +793,9 @@ func (l *Locker) freshen(ctx context.Context, res *acquireResult, send *time.Tim
 	err = l.renewDB.QueryRowContext(rctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
 		"lease_id": res.lease.LeaseID, "token": res.lease.Token, "ttl_us": l.cfg.ttl.Microseconds(),
 	})...).Scan(&exp, &now)
+	if err == nil && rctx.Err() != nil {
+		err = errUnconfirmed
+	}
 	if err != nil {
 		return err
 	}

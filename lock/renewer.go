@@ -346,6 +346,9 @@ func (l *Locker) renewOne(conn *sql.Conn, le *Lease) (int64, error) {
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, errRenewNotFound
 	}
+	if err == nil && ctx.Err() != nil {
+		return 0, errUnconfirmed
+	}
 	return exp, err
 }
 
@@ -392,6 +395,9 @@ func (l *Locker) renewMany(conn *sql.Conn, leases []*Lease) (map[string]int64, e
 	}
 	if err := rows.Close(); err != nil {
 		return nil, err
+	}
+	if ctx.Err() != nil {
+		return nil, errUnconfirmed
 	}
 	return out, nil
 }
