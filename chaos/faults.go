@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"time"
 )
 
@@ -64,7 +63,7 @@ func (d *driver) faults(ctx context.Context) {
 					rctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 					defer cancel()
 					if err := d.cluster.Restart(rctx, immediate); err != nil {
-						d.problem("restart: %v (server log: %s)", err, filepath.Join(d.cluster.dir, "server.log"))
+						d.problem("restart: %v (server log: %s)", err, d.cluster.LogPath())
 					}
 				}()
 			}

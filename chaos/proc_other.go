@@ -5,14 +5,3 @@ package chaos
 import "os/exec"
 
 func dieWithParent(*exec.Cmd) {}
-
-// needRunuser: other users' programs are started through runuser.
-const needRunuser = true
-
-// asUserCmd runs path as OS user postgres through runuser when switchUser.
-func asUserCmd(path string, args []string, _, _ int, switchUser bool) *exec.Cmd {
-	if switchUser {
-		return exec.Command("runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
-	}
-	return exec.Command(path, args...)
-}

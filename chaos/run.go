@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/internal/pgcluster"
 	"github.com/sqlease/sqlease/migrate"
 )
 
@@ -320,8 +321,8 @@ type driver struct {
 	faultLog *os.File
 
 	// PostgreSQL
-	cluster *pgCluster
-	px      *proxy
+	cluster *pgcluster.Cluster
+	px      *pgcluster.Proxy
 	admin   *sql.DB
 	restart sync.Mutex
 	latency sync.Mutex
@@ -499,7 +500,7 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 		workerDSN = adminDSN
 	case "postgres":
 		d.logf("starting a private PostgreSQL cluster")
-		c, cerr := startPGCluster(ctx)
+		c, cerr := pgcluster.New(ctx, pgcluster.Config{})
 		if cerr != nil {
 			if d.cfg.PostgresDSN == "" {
 				return cleanup, fmt.Errorf("chaos: cannot start a private PostgreSQL cluster (%v), and no fallback PostgreSQL DSN was given", cerr)
@@ -518,7 +519,7 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 		if perr != nil {
 			return cleanup, perr
 		}
-		px, perr := startProxy(upstream)
+		px, perr := pgcluster.StartProxy(upstream)
 		if perr != nil {
 			return cleanup, perr
 		}

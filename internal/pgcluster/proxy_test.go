@@ -1,4 +1,4 @@
-package chaos
+package pgcluster
 
 import (
 	"bufio"
@@ -56,7 +56,7 @@ func roundTrip(t *testing.T, c net.Conn, r *bufio.Reader) (time.Duration, error)
 // TestProxy: the proxy forwards, delays while a spike is on, cuts open
 // connections, and forwards again on a new connection after a cut.
 func TestProxy(t *testing.T) {
-	p, err := startProxy(echoServer(t))
+	p, err := StartProxy(echoServer(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,5 +89,52 @@ func TestProxy(t *testing.T) {
 	defer c2.Close()
 	if _, err := roundTrip(t, c2, bufio.NewReader(c2)); err != nil {
 		t.Fatalf("new connection after a cut: %v", err)
+	}
+}
+
+// TestProxyBlockAndRepoint: a blocked proxy closes new connections at once
+// and forwards them again when unblocked; a re-pointed proxy sends new
+// connections to the new upstream.
+func TestProxyBlockAndRepoint(t *testing.T) {
+	p, err := StartProxy(echoServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Block(true)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := roundTrip(t, c, bufio.NewReader(c)); err == nil {
+		t.Fatal("a blocked proxy forwarded a new connection")
+	}
+	c.Close()
+	p.Block(false)
+	// Re-pointed at a closed port: new connections fail; back at an echo
+	// server: they work.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	p.SetUpstream(dead)
+	c, err = net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := roundTrip(t, c, bufio.NewReader(c)); err == nil {
+		t.Fatal("a proxy pointed at a closed port forwarded")
+	}
+	c.Close()
+	p.SetUpstream(echoServer(t))
+	c, err = net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := roundTrip(t, c, bufio.NewReader(c)); err != nil {
+		t.Fatalf("after re-pointing: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package chaos
+package pgcluster
 
 import (
 	"net"
@@ -7,34 +7,65 @@ import (
 	"time"
 )
 
-// proxy is a TCP proxy on 127.0.0.1 in front of the database: it can delay
-// every forwarded chunk (a latency spike) and cut every open connection.
-type proxy struct {
+// Proxy is a TCP proxy on 127.0.0.1 in front of a server: it can delay
+// every forwarded chunk (a latency spike), cut every open connection,
+// refuse new ones (a partition) and be re-pointed at another server (a
+// failover behind a fixed address). Its methods are safe for concurrent
+// use.
+type Proxy struct {
 	ln       net.Listener
-	upstream string
 	delay    atomic.Int64 // nanoseconds added before forwarding each chunk
 	mu       sync.Mutex
+	upstream string
+	blocked  bool
 	conns    map[net.Conn]struct{}
 	closed   bool
 	wg       sync.WaitGroup
 }
 
-// startProxy listens on a free port of 127.0.0.1 and forwards to upstream.
-func startProxy(upstream string) (*proxy, error) {
+// StartProxy listens on a free port of 127.0.0.1 and forwards each
+// connection to upstream (host:port).
+func StartProxy(upstream string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &proxy{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
 }
 
 // Addr is the proxy's listening address.
-func (p *proxy) Addr() string { return p.ln.Addr().String() }
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-func (p *proxy) track(c net.Conn) bool {
+// SetUpstream makes new connections go to upstream (host:port); open ones
+// stay where they are (Cut them to move every client).
+func (p *Proxy) SetUpstream(upstream string) {
+	p.mu.Lock()
+	p.upstream = upstream
+	p.mu.Unlock()
+}
+
+// Block makes the proxy close every new connection at once (true) or
+// forward them again (false); open ones are not touched (see Cut).
+func (p *Proxy) Block(blocked bool) {
+	p.mu.Lock()
+	p.blocked = blocked
+	p.mu.Unlock()
+}
+
+// target returns where a new connection goes, or "" while blocked.
+func (p *Proxy) target() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.blocked {
+		return ""
+	}
+	return p.upstream
+}
+
+func (p *Proxy) track(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -44,14 +75,14 @@ func (p *proxy) track(c net.Conn) bool {
 	return true
 }
 
-func (p *proxy) untrack(c net.Conn) {
+func (p *Proxy) untrack(c net.Conn) {
 	p.mu.Lock()
 	delete(p.conns, c)
 	p.mu.Unlock()
 	_ = c.Close()
 }
 
-func (p *proxy) accept() {
+func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
 		c, err := p.ln.Accept()
@@ -61,7 +92,12 @@ func (p *proxy) accept() {
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			up, err := net.DialTimeout("tcp", p.upstream, 5*time.Second)
+			target := p.target()
+			if target == "" {
+				_ = c.Close()
+				return
+			}
+			up, err := net.DialTimeout("tcp", target, 5*time.Second)
 			if err != nil {
 				_ = c.Close()
 				return
@@ -85,7 +121,7 @@ func (p *proxy) accept() {
 	}
 }
 
-func (p *proxy) pipe(dst, src net.Conn) {
+func (p *Proxy) pipe(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -104,11 +140,11 @@ func (p *proxy) pipe(dst, src net.Conn) {
 }
 
 // SetDelay sets the latency added to every forwarded chunk (0: none).
-func (p *proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
+func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // Cut closes every open connection; new ones are accepted as before. It
 // returns how many client connections were cut.
-func (p *proxy) Cut() int {
+func (p *Proxy) Cut() int {
 	p.mu.Lock()
 	cs := make([]net.Conn, 0, len(p.conns))
 	for c := range p.conns {
@@ -123,7 +159,7 @@ func (p *proxy) Cut() int {
 
 // Close stops accepting, cuts every connection and waits for the
 // forwarding goroutines.
-func (p *proxy) Close() {
+func (p *Proxy) Close() {
 	_ = p.ln.Close()
 	p.mu.Lock()
 	p.closed = true
