@@ -174,7 +174,7 @@ func open(ctx context.Context, f *dbFlags, mustExist bool) (*sql.DB, target, err
 		return nil, t, usageErr("cannot reach the %s database %s: %s", t.dialect.Name(), t.where(), scrubSecrets(err.Error(), t.dsn))
 	}
 	// A replica would take grants the primary never sees (SPEC S7).
-	if err := dialect.CheckPrimary(pctx, db, t.dialect, "sqlease"); err != nil {
+	if err := dialect.CheckPrimary(pctx, db, t.dialect, ""); err != nil {
 		db.Close()
 		return nil, t, usageErr("%s (--dsn %s)", scrubSecrets(err.Error(), t.dsn), t.where())
 	}

@@ -20,7 +20,8 @@ var ErrReadOnly = errors.New("read-only server")
 // breaks the dialect's rules (for example a Galera node, which does not
 // replicate GET_LOCK; matches errors.ErrUnsupported).
 type ServerError struct {
-	// Pkg is the package that reports it ("lock", "migrate").
+	// Pkg is the package that reports it ("lock", "migrate"); it starts
+	// the message when set.
 	Pkg string
 	// Dialect is the dialect's registry name.
 	Dialect string
@@ -35,7 +36,11 @@ func (e *ServerError) Error() string {
 	if e.ReadOnly {
 		what = "is read-only (a replica); connect to the primary"
 	}
-	return fmt.Sprintf("%s: %s server %s: %s", e.Pkg, e.Dialect, what, e.Reason)
+	msg := fmt.Sprintf("%s server %s: %s", e.Dialect, what, e.Reason)
+	if e.Pkg != "" {
+		msg = e.Pkg + ": " + msg
+	}
+	return msg
 }
 
 // Is matches ErrReadOnly for a read-only replica and errors.ErrUnsupported
@@ -48,7 +53,7 @@ func (e *ServerError) Is(target error) bool {
 }
 
 // CheckPrimary runs d's Statements.Primary query, if it has one, on db and
-// returns a *ServerError, reported by package pkg, when the server cannot
+// returns a *ServerError, reported by package pkg (may be empty), when the server cannot
 // hold leases (rule S7); a dialect without the query passes. Other errors
 // are the database's, wrapped.
 func CheckPrimary(ctx context.Context, db *sql.DB, d Dialect, pkg string) error {
@@ -59,7 +64,11 @@ func CheckPrimary(ctx context.Context, db *sql.DB, d Dialect, pkg string) error 
 	var readOnly bool
 	var reason sql.NullString
 	if err := db.QueryRowContext(ctx, q).Scan(&readOnly, &reason); err != nil {
-		return fmt.Errorf("%s: check that the %s server is a writable primary: %w", pkg, d.Name(), err)
+		err = fmt.Errorf("check that the %s server is a writable primary: %w", d.Name(), err)
+		if pkg != "" {
+			err = fmt.Errorf("%s: %w", pkg, err)
+		}
+		return err
 	}
 	if !readOnly && reason.String == "" {
 		return nil

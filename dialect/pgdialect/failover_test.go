@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/sqlease/sqlease/cli"
+	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/dialect/pgdialect"
 	"github.com/sqlease/sqlease/internal/pgcluster"
 	"github.com/sqlease/sqlease/lock"
@@ -297,8 +300,9 @@ func TestRestoreBaseBackupTokensNeverGoBack(t *testing.T) {
 	foCheckAfter(t, "the restore", before, least)
 }
 
-// TestStandbyRefusesLocker: a hot standby is read-only; a Locker on it
-// must not come up (or, at the least, must grant nothing).
+// TestStandbyRefusesLocker: a hot standby is read-only; lock.New,
+// migrate.Up and the CLI refuse it at once with ErrReadOnly, naming the
+// server (SPEC S7).
 func TestStandbyRefusesLocker(t *testing.T) {
 	foNeed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -312,17 +316,28 @@ func TestStandbyRefusesLocker(t *testing.T) {
 		t.Fatal(err)
 	}
 	sdb := foOpen(t, s.DSN())
+	port := fmt.Sprint(s.Port())
 	l, err := lock.New(ctx, sdb, pgdialect.New(), lock.WithTTL(2*time.Second))
+	var se *dialect.ServerError
+	if !errors.Is(err, lock.ErrReadOnly) || !errors.As(err, &se) || !strings.Contains(err.Error(), "hot standby at 127.0.0.1:"+port) {
+		if l != nil {
+			l.Close(ctx)
+		}
+		t.Fatalf("lock.New on a hot standby: want ErrReadOnly naming 127.0.0.1:%s, got %v", port, err)
+	}
+	if _, err := migrate.Up(ctx, sdb, pgdialect.New()); !errors.Is(err, lock.ErrReadOnly) {
+		t.Fatalf("migrate.Up on a hot standby: want ErrReadOnly, got %v", err)
+	}
+	var out, stderr strings.Builder
+	if code := cli.Main([]string{"status", "--dsn", s.DSN()}, &out, &stderr); code == 0 || !strings.Contains(stderr.String(), "read-only") || !strings.Contains(stderr.String(), port) {
+		t.Fatalf("sqlease status on a hot standby: exit %d, stderr %q; want a failure saying read-only and naming the DSN", code, stderr.String())
+	}
+	t.Logf("lock.New: %v; sqlease status: %s", err, stderr.String())
+	// The primary is unaffected.
+	pl := foLocker(t, ctx, foOpen(t, p.DSN()))
+	le, err := pl.TryAcquire(ctx, "k", lock.Exclusive)
 	if err != nil {
-		t.Logf("lock.New on a hot standby: %v", err)
-		// TODO(ErrReadOnly): when lock.ErrReadOnly lands, require errors.Is(err, lock.ErrReadOnly) here.
-		return
+		t.Fatalf("primary after the standby was refused: %v", err)
 	}
-	defer l.Close(ctx)
-	t.Logf("lock.New on a hot standby succeeded (no read-only check yet); TryAcquire must fail")
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err == nil {
-		t.Fatalf("a Locker on a hot standby granted %q token %d", le.Key(), le.Token())
-	}
-	t.Logf("TryAcquire on a hot standby: %v", err)
+	_ = le.Release(ctx)
 }
