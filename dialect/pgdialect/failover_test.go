@@ -134,7 +134,7 @@ func foCheckAfter(t *testing.T, event string, before, after tokens) {
 	for key, first := range after {
 		if first <= before[key] {
 			t.Errorf("key %q: token %d granted after %s does not exceed token %d granted before it: fencing tokens went back, "+
-				"so a write fenced by the old grant would be accepted after the new one (SPEC S2)", key, first, event, before[key])
+				"so a write fenced by the old grant would be accepted after the new one (SPEC S7)", key, first, event, before[key])
 		}
 	}
 }
