@@ -6,8 +6,11 @@
 // session's default isolation (MySQL's REPEATABLE READ included) does not
 // matter and no gap lock of one key blocks another (SPEC S5, S6). Grants of
 // one key are serialized by a named lock (GET_LOCK) on a hash of the key;
-// fencing tokens come from an AUTO_INCREMENT counter, which persists across
-// restarts and belongs to no row (SPEC S3, S5). Times are read from
+// a fencing token is the greater of the next value of an AUTO_INCREMENT
+// counter, which persists across restarts and belongs to no row, and the
+// database clock in microseconds, so tokens never go back after a failover
+// to a replica that lost grants or a restore of an old dump (SPEC S3, S5,
+// S7; migration 00002). Times are read from
 // UTC_TIMESTAMP(6) in a statement of their own after every lock wait,
 // because MySQL evaluates it once per statement, at its start (SPEC S2).
 //

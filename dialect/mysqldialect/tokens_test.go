@@ -227,7 +227,8 @@ func TestS7_TokensFollowDatabaseClock_MySQL(t *testing.T) {
 
 // TestTokensIncreaseThroughMigration2: tokens granted by migration 00001
 // (counter values) are below those granted after 00002 (clock values) for
-// the same key.
+// the same key, and those granted after a Down to 00001 (the counter, which
+// the clock values raised) are above them.
 func TestTokensIncreaseThroughMigration2(t *testing.T) {
 	if conformance.IsChild() {
 		t.Skip("child process")
@@ -257,7 +258,16 @@ func TestTokensIncreaseThroughMigration2(t *testing.T) {
 	if err := conn.QueryRowContext(ctx, clockUS).Scan(&clock); err != nil {
 		t.Fatal(err)
 	}
-	if tok := callAcquire(t, conn, ns, "m"); tok <= old || tok < clock {
+	tok := callAcquire(t, conn, ns, "m")
+	if tok <= old || tok < clock {
 		t.Errorf("after 00002: token %d, want > %d and >= the clock %d", tok, old, clock)
+	}
+	// Down to 1: the old procedure draws from the counter, which the clock
+	// tokens raised, so tokens still increase.
+	if _, err := p.DownTo(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if again := callAcquire(t, conn, ns, "m"); again <= tok {
+		t.Errorf("after Down to 00001: token %d, want > %d", again, tok)
 	}
 }
