@@ -1,6 +1,7 @@
 package mysqldialect_test
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -18,5 +19,9 @@ func TestMain(m *testing.M) {
 	testnote.Skipped("sqlease/dialect/mysqldialect", testnote.MySQL)
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		goleak.Cleanup(func(code int) {
+			removeDataTemplate()
+			os.Exit(code)
+		}),
 	)
 }

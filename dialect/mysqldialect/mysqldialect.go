@@ -6,8 +6,11 @@
 // session's default isolation (MySQL's REPEATABLE READ included) does not
 // matter and no gap lock of one key blocks another (SPEC S5, S6). Grants of
 // one key are serialized by a named lock (GET_LOCK) on a hash of the key;
-// fencing tokens come from an AUTO_INCREMENT counter, which persists across
-// restarts and belongs to no row (SPEC S3, S5). Times are read from
+// a fencing token is the greater of the next value of an AUTO_INCREMENT
+// counter, which persists across restarts and belongs to no row, and the
+// database clock in microseconds, so tokens never go back after a failover
+// to a replica that lost grants or a restore of an old dump (SPEC S3, S5,
+// S7; migration 00002). Times are read from
 // UTC_TIMESTAMP(6) in a statement of their own after every lock wait,
 // because MySQL evaluates it once per statement, at its start (SPEC S2).
 //
@@ -251,9 +254,40 @@ func (Dialect) Classify(err error) dialect.ErrorClass {
 // statement starts.
 const nowUS = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))`
 
+// primaryQuery tells whether this server can take locks (Statements.Primary):
+// one row (read_only, reason). read_only is 1, with a reason naming the
+// server, on a read-only server, which is a replica (or a primary
+// being demoted): its grants would be lost at the next failover, and its
+// tables only change through replication. MySQL 8's super_read_only needs
+// no check of its own: enabling it enables read_only (MariaDB has only
+// read_only). read_only is 0 with a reason on a Galera cluster node
+// (wsrep_on = ON): the acquire procedure serializes the grants of a key
+// with a named lock, GET_LOCK (and draws tokens under another, SPEC S3,
+// S7), and Galera does not replicate named locks to the other nodes, so two
+// nodes could grant one key at once. Otherwise 0 and an empty reason.
+//
+// @@wsrep_on always exists on MariaDB but not on MySQL (unless built with
+// Galera), where reading an unknown variable fails. So the test is written
+// twice in version comments: MariaDB runs the body of /*M!100000 ... */,
+// which MySQL skips as a comment; MySQL 8 runs /*!80000 ... */, which
+// MariaDB 10.11 does not (checked: SELECT 1 /*!80000 +1 */ is 1 there), and
+// reads the variable from performance_schema.global_variables, readable by
+// every user and present whatever performance_schema is set to. That table
+// is missing on MariaDB when performance_schema is off, hence the split.
+const primaryQuery = `SELECT IF(@@global.read_only, 1, 0) AS read_only,
+  CASE
+    WHEN @@global.read_only THEN CONCAT('server ', @@hostname, ':', @@port,
+      ' is read-only (read_only=ON): a replica; take locks on the primary')
+    WHEN 0 /*M!100000 OR @@global.wsrep_on */ /*!80000 OR COALESCE((SELECT variable_value FROM performance_schema.global_variables WHERE variable_name = 'wsrep_on'), 'OFF') = 'ON' */
+      THEN CONCAT('server ', @@hostname, ':', @@port,
+      ' is a Galera cluster node (wsrep_on=ON): the MySQL dialect serializes the grants of a key with GET_LOCK, which Galera does not replicate to the other nodes')
+    ELSE ''
+  END AS reason`
+
 // Statements returns the MySQL statement templates.
 func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
+		// Primary: primaryQuery
 		Acquire:     []string{`CALL {acquire}(@key, @mode, @lease_id, @owner, @ttl_us, @marker_us, @watch_us)`},
 		Renew:       `CALL {renew}(@lease_id, @token, @ttl_us)`,
 		Release:     `CALL {release}(@lease_id, @token)`,
