@@ -3,6 +3,7 @@ package mysqldialect_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -251,7 +252,7 @@ func readPrimary(t *testing.T, db *sql.DB) (int, string) {
 	t.Helper()
 	var ro int
 	var reason string
-	if err := db.QueryRowContext(t.Context(), mysqldialect.PrimaryQuery).Scan(&ro, &reason); err != nil {
+	if err := db.QueryRowContext(t.Context(), mysqldialect.New().Statements().Primary).Scan(&ro, &reason); err != nil {
 		t.Fatalf("Primary query: %v", err)
 	}
 	return ro, reason
@@ -357,6 +358,19 @@ func TestReadOnlyReplicaQuery(t *testing.T) {
 	}
 	if ro, reason := readPrimary(t, primary.DB); ro != 0 || reason != "" {
 		t.Errorf("Primary query on the primary: (%d, %q), want (0, \"\")", ro, reason)
+	}
+	// lock.New and migrate.Up refuse the replica before writing (SPEC S7).
+	if _, err := migrate.Up(t.Context(), primary.DB, mysqldialect.New()); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := lock.New(t.Context(), replica.DB, mysqldialect.New()); !errors.Is(err, lock.ErrReadOnly) || !strings.Contains(err.Error(), fmt.Sprint(replica.port)) {
+		if l != nil {
+			l.Close(t.Context())
+		}
+		t.Errorf("lock.New on the replica: want ErrReadOnly naming port %d, got %v", replica.port, err)
+	}
+	if _, err := migrate.Up(t.Context(), replica.DB, mysqldialect.New()); !errors.Is(err, lock.ErrReadOnly) {
+		t.Errorf("migrate.Up on the replica: want ErrReadOnly, got %v", err)
 	}
 	primary.Exec("SET GLOBAL read_only = 1")
 	if ro, reason := readPrimary(t, primary.DB); ro != 1 || !strings.Contains(reason, fmt.Sprintf(":%d", primary.port)) {
