@@ -287,7 +287,7 @@ const primaryQuery = `SELECT IF(@@global.read_only, 1, 0) AS read_only,
 // Statements returns the MySQL statement templates.
 func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
-		Primary: primaryQuery,
+		Primary:     primaryQuery,
 		Acquire:     []string{`CALL {acquire}(@key, @mode, @lease_id, @owner, @ttl_us, @marker_us, @watch_us)`},
 		Renew:       `CALL {renew}(@lease_id, @token, @ttl_us)`,
 		Release:     `CALL {release}(@lease_id, @token)`,
