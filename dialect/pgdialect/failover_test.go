@@ -10,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/sqlease/sqlease/cli"
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/dialect/pgdialect"
@@ -340,4 +344,116 @@ func TestStandbyRefusesLocker(t *testing.T) {
 		t.Fatalf("primary after the standby was refused: %v", err)
 	}
 	_ = le.Release(ctx)
+}
+
+// TestSyncStandbyStallLosesNothingAcknowledged: with a synchronous standby
+// (synchronous_commit on) whose acknowledgements stall past the acquire's
+// deadline and the renew timeout, PostgreSQL answers the driver's cancel of
+// a commit waiting for the standby with success and a warning. The library
+// must not count such a grant or renewal (SPEC S7, H1): after the primary
+// dies and the standby is promoted, no acquire the library returned is
+// missing, the holder's trusted window ends no later than its row's expiry
+// on the new primary, and no token is reissued.
+//
+// Two ways a driver cancels are tried: pgx's default (it closes the
+// connection at the deadline, so the outcome reads as an error) and a
+// cancel request whose answer the driver waits for (as lib/pq does, and
+// pgx with pgconn.CancelRequestContextWatcherHandler): that answer is the
+// success with a warning.
+func TestSyncStandbyStallLosesNothingAcknowledged(t *testing.T) {
+	foNeed(t)
+	t.Run("DeadlineCloses", func(t *testing.T) { foSyncStall(t, foOpen) })
+	t.Run("CancelRequest", func(t *testing.T) { foSyncStall(t, foOpenCancelRequest) })
+}
+
+// foOpenCancelRequest opens dsn with pgx set to cancel a statement by a
+// cancel request and to wait for the server's answer.
+func foOpenCancelRequest(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 10 * time.Second}
+	}
+	db := stdlib.OpenDB(*cfg)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func foSyncStall(t *testing.T, open func(*testing.T, string) *sql.DB) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := pgcluster.New(ctx, pgcluster.Config{SynchronousStandby: "standby1", SynchronousCommit: "on"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Remove)
+	s := foStandby(t, ctx, p)
+	pdb := open(t, p.DSN())
+	if _, err := migrate.Up(ctx, pdb, pgdialect.New()); err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 3 * time.Second
+	l, err := lock.New(ctx, pdb, pgdialect.New(), lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = l.Close(cctx)
+	})
+	held, err := l.TryAcquire(ctx, "held", lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := tokens{}
+	before.add("held", held.Token())
+
+	// The standby stops acknowledging: every commit now waits.
+	if err := s.CutReplication(); err != nil {
+		t.Fatal(err)
+	}
+	// An acquire whose commit outlives its deadline is not acknowledged.
+	actx, acancel := context.WithTimeout(ctx, time.Second)
+	le, err := l.TryAcquire(actx, "new", lock.Exclusive)
+	acancel()
+	if err == nil {
+		t.Errorf("an acquire whose commit never reached the synchronous standby returned a lease (token %d)", le.Token())
+		before.add("new", le.Token())
+	}
+	t.Logf("acquire while the standby stalls: %v", err)
+	// Let the held lease's renewal (at TTL/3, about when the acquire gave
+	// up) stall past its timeout (TTL/5), within the lease's window.
+	time.Sleep(time.Second)
+
+	p.Kill()
+	if err := s.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sdb := foOpen(t, s.DSN())
+	var leftUS int64
+	err = sdb.QueryRowContext(ctx, `SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1e6)::bigint FROM sqlease_holders WHERE lease_id = $1`, held.LeaseID()).Scan(&leftUS)
+	if err != nil {
+		t.Fatalf("the acknowledged lease %q is missing on the promoted standby: %v", held.Key(), err)
+	}
+	rowLeft := time.Duration(leftUS) * time.Microsecond
+	if trusted := held.Remaining(); trusted > 0 && trusted > rowLeft+20*time.Millisecond {
+		t.Errorf("the holder trusts its lease for %v more, but its row on the new primary expires in %v: a renewal the standby never got was counted", trusted, rowLeft)
+	}
+	t.Logf("after the promotion: the holder trusts %v more, its row lives %v more (lease err: %v)", held.Remaining(), rowLeft, held.Err())
+
+	nl := foLocker(t, ctx, sdb)
+	after := tokens{}
+	for _, key := range []string{"held", "new"} {
+		le, err := nl.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(2*ttl))
+		if err != nil {
+			t.Fatalf("acquire %q on the new primary: %v", key, err)
+		}
+		after.add(key, le.Token())
+		_ = le.Release(ctx)
+	}
+	foCheckAfter(t, "the synchronous failover", before, after)
 }
