@@ -457,3 +457,69 @@ func foSyncStall(t *testing.T, open func(*testing.T, string) *sql.DB) {
 	}
 	foCheckAfter(t, "the synchronous failover", before, after)
 }
+
+// TestMultiHostDSNFollowsPromotion: a Locker on a pgx multi-host DSN
+// (host=a,b with target_session_attrs=read-write) over a synchronous
+// standby keeps its lease across a failover shorter than the lease's
+// trusted window: after the primary dies and the standby is promoted, the
+// lease renews on the new primary, is never reported lost, and a fenced
+// transaction commits there (SPEC S7, H2).
+func TestMultiHostDSNFollowsPromotion(t *testing.T) {
+	foNeed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := pgcluster.New(ctx, pgcluster.Config{SynchronousStandby: "standby1", SynchronousCommit: "on"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Remove)
+	s := foStandby(t, ctx, p)
+	dsn := fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2", p.Addr(), s.Addr())
+	db := foOpen(t, dsn)
+	if _, err := migrate.Up(ctx, db, pgdialect.New()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE fenced_writes (token bigint)"); err != nil {
+		t.Fatal(err)
+	}
+	l := foLocker(t, ctx, db) // TTL 10 s: renewed every 3.3 s
+	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grantedExpiry := le.Expiry()
+
+	p.Kill()
+	failedAt := time.Now()
+	if err := s.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("primary killed, standby promoted in %v", time.Since(failedAt).Round(time.Millisecond))
+
+	// The next renewal reaches the new primary through the DSN's second
+	// host and moves the expiry on.
+	deadline := time.Now().Add(8 * time.Second)
+	for !le.Expiry().After(grantedExpiry) {
+		if err := le.Err(); err != nil {
+			t.Fatalf("the lease was lost across a %v failover: %v", time.Since(failedAt).Round(time.Millisecond), err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no renewal reached the new primary within 8 s of the failover (trusted for %v more)", le.Remaining())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	err = le.RunInTx(ctx, db, nil, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO fenced_writes VALUES ($1)", le.Token())
+		return err
+	})
+	if err != nil {
+		t.Fatalf("fenced transaction on the new primary: %v", err)
+	}
+	var n int
+	if err := foOpen(t, s.DSN()).QueryRowContext(ctx, "SELECT count(*) FROM fenced_writes").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("fenced writes on the new primary: %d, %v; want 1", n, err)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatalf("release on the new primary: %v", err)
+	}
+}
