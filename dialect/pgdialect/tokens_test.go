@@ -1,0 +1,331 @@
+package pgdialect_test
+
+import (
+	"context"
+	crand "crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/sqlease/sqlease/conformance/conftest"
+	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/dialect/pgdialect"
+	"github.com/sqlease/sqlease/lock"
+	"github.com/sqlease/sqlease/migrate"
+)
+
+// dbClockUS is the database clock in microseconds since the Unix epoch.
+func dbClockUS(t *testing.T, db *sql.DB) int64 {
+	t.Helper()
+	var us int64
+	if err := db.QueryRowContext(context.Background(), "SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::bigint").Scan(&us); err != nil {
+		t.Fatal(err)
+	}
+	return us
+}
+
+// prefixNamespace migrates a namespace in the connection's default schema
+// (a table prefix, no schema), whose object names render unqualified in
+// the migrations; it is dropped when t ends.
+func prefixNamespace(t *testing.T, db *sql.DB, d pgdialect.Dialect) dialect.Namespace {
+	t.Helper()
+	ctx := context.Background()
+	var rnd [4]byte
+	_, _ = crand.Read(rnd[:])
+	ns := dialect.Namespace{Prefix: "sqlease_s7_" + hex.EncodeToString(rnd[:]) + "_"}
+	t.Cleanup(func() { _, _ = migrate.Drop(context.Background(), db, d, migrate.WithNamespace(ns)) })
+	if _, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// TestS7_TokensFollowDatabaseClock_Postgres: a token is at least the
+// database clock in microseconds when it is granted (migration 00009), and
+// after the token sequence is set back (as after the promotion of a standby
+// that lost grants, or a restore from a dump) the next grants, by Acquire
+// and by the FIFO function, still get tokens greater than every token
+// granted before (SPEC S3, S7). Tokens of one key granted back to back, in
+// the same microsecond or not, strictly increase. Both in a schema (names
+// rendered schema-qualified) and under a table prefix alone (unqualified).
+func TestS7_TokensFollowDatabaseClock_Postgres(t *testing.T) {
+	ctx := context.Background()
+	for _, qualified := range []bool{true, false} {
+		t.Run(fmt.Sprintf("qualified=%v", qualified), func(t *testing.T) {
+			var db *sql.DB
+			var ns dialect.Namespace
+			d := pgdialect.New()
+			if qualified {
+				db, d, ns, _ = schemaAt(t, "sqlease_s7_", 0)
+			} else {
+				var err error
+				db, err = sql.Open("pgx", conftest.PostgresDSN(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { db.Close() })
+				ns = prefixNamespace(t, db, d)
+			}
+			l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close(ctx)
+
+			var highest int64
+			grant := func(key string) int64 {
+				t.Helper()
+				before := dbClockUS(t, db)
+				le, err := l.TryAcquire(ctx, key, lock.Exclusive)
+				if err != nil {
+					t.Fatalf("TryAcquire %q: %v", key, err)
+				}
+				after := dbClockUS(t, db)
+				tok := le.Token()
+				if err := le.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if tok < before || tok > after {
+					t.Errorf("token %d of %q: want the database clock of its grant, between %d and %d µs", tok, key, before, after)
+				}
+				if tok <= highest {
+					t.Errorf("token %d of %q after %d: want it greater (SPEC S3)", tok, key, highest)
+				}
+				if tok >= 1<<53 {
+					t.Errorf("token %d: want it below 2^53", tok)
+				}
+				highest = tok
+				return tok
+			}
+			for range 3 {
+				grant("s7")
+				grant("s7/other")
+			}
+			// Back to back: the clock may not have moved, the sequence has.
+			for range 200 {
+				grant("s7")
+			}
+
+			// The sequence goes back, as after a promotion that lost grants.
+			seq := ns.Object(d, "token_seq")
+			if _, err := db.ExecContext(ctx, "SELECT setval($1, 1)", seq); err != nil {
+				t.Fatal(err)
+			}
+			grant("s7")
+			// The sequence is the high-water mark again.
+			var last int64
+			if err := db.QueryRowContext(ctx, "SELECT last_value FROM "+seq).Scan(&last); err != nil || last < highest {
+				t.Errorf("sequence after a grant: %d, %v; want at least the token %d", last, err, highest)
+			}
+			if _, err := db.ExecContext(ctx, "SELECT setval($1, 1)", seq); err != nil {
+				t.Fatal(err)
+			}
+			grant("s7/other")
+
+			// The FIFO function takes its token the same way.
+			if _, err := db.ExecContext(ctx, "SELECT setval($1, 1)", seq); err != nil {
+				t.Fatal(err)
+			}
+			var granted bool
+			var tok int64
+			q := "SELECT granted, token FROM " + ns.Object(d, "acquire_fifo") + "('s7/fifo', 'x', 'L-fifo', 'test', 60000000, 0, 0, 'T-fifo', 60000000) WHERE granted"
+			if err := db.QueryRowContext(ctx, q).Scan(&granted, &tok); err != nil || !granted {
+				t.Fatalf("FIFO acquire: granted %v, %v", granted, err)
+			}
+			if tok <= highest {
+				t.Errorf("FIFO token %d after %d: want it greater (SPEC S3)", tok, highest)
+			}
+		})
+	}
+}
+
+// TestUpgradeToVersion9TokensFollowClock: on a version-8 schema holding
+// leases, this build refuses to start; migration 00009 makes both acquire
+// functions take tokens from the {next_token} function instead of the
+// sequence alone, keeping their settings, and every token issued after it
+// is greater than every token issued before it, while the leases granted
+// before it still exclude (SPEC S1, S3). Where EXECUTE on the acquire
+// functions was revoked from PUBLIC and the sequence granted to a service
+// role with USAGE only, as docs/operations.md listed, that role still
+// acquires after the migration (it gets UPDATE on the sequence for setval,
+// and EXECUTE on {next_token}). Down to 8 restores nextval (tokens go on
+// from the sequence, then at the clock) and drops {next_token}; Up
+// applies 00009 again.
+func TestUpgradeToVersion9TokensFollowClock(t *testing.T) {
+	ctx := context.Background()
+	db, d, ns, p := schemaAt(t, "sqlease_up9_", 8)
+	acq := ns.Object(d, "acquire") + "(text, text, text, text, bigint, bigint, bigint)"
+	fifo := ns.Object(d, "acquire_fifo") + "(text, text, text, text, bigint, bigint, bigint, text, bigint)"
+	nextToken := ns.Object(d, "next_token") + "()"
+	seq := ns.Object(d, "token_seq")
+	uses := func(what string) {
+		t.Helper()
+		for _, f := range []string{acq, fifo} {
+			var def string
+			if err := db.QueryRowContext(ctx, "SELECT pg_get_functiondef($1::regprocedure)", f).Scan(&def); err != nil {
+				t.Fatal(err)
+			}
+			clock := strings.Contains(def, nextToken)
+			seqOnly := strings.Contains(def, "nextval('"+seq+"')")
+			if clock == seqOnly || clock != (what == "clock") {
+				t.Errorf("%s: %s calls {next_token} %v, nextval of the sequence %v; want %s", what, f, clock, seqOnly, what)
+			}
+			for _, set := range []string{"lock_timeout", "enable_bitmapscan", "enable_seqscan", "plan_cache_mode"} {
+				if !strings.Contains(def, "SET "+set) {
+					t.Errorf("%s: %s lost its setting %s:\n%s", what, f, set, def)
+				}
+			}
+		}
+		var exists bool
+		if err := db.QueryRowContext(ctx, "SELECT to_regprocedure($1) IS NOT NULL", nextToken).Scan(&exists); err != nil {
+			t.Fatal(err)
+		}
+		if exists != (what == "clock") {
+			t.Errorf("%s: {next_token} exists %v", what, exists)
+		}
+	}
+	uses("sequence")
+
+	// A service role with the documented privileges of version 8.
+	role := ns.Schema + " Svc-Role"
+	if _, err := db.ExecContext(ctx, "CREATE ROLE "+d.QuoteIdent(role)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.ExecContext(context.Background(), "DROP OWNED BY "+d.QuoteIdent(role))
+		db.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+d.QuoteIdent(role))
+	})
+	r := d.QuoteIdent(role)
+	for _, q := range []string{
+		"GRANT USAGE ON SCHEMA " + d.QuoteIdent(ns.Schema) + " TO " + r,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA " + d.QuoteIdent(ns.Schema) + " TO " + r,
+		"GRANT USAGE ON SEQUENCE " + seq + ", " + ns.Object(d, "ticket_seq") + " TO " + r,
+		"REVOKE EXECUTE ON FUNCTION " + acq + ", " + fifo + " FROM PUBLIC",
+		"GRANT EXECUTE ON FUNCTION " + acq + ", " + fifo + " TO " + r,
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// Calls as the service role.
+	asRole := func(key, leaseID string) (bool, int64, error) {
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		if err != nil {
+			return false, 0, err
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, "SET LOCAL ROLE "+r); err != nil {
+			return false, 0, err
+		}
+		var granted bool
+		var tok int64
+		err = tx.QueryRowContext(ctx, "SELECT granted, token FROM "+ns.Object(d, "acquire")+"($1, 'x', $2, 'svc', 60000000, 0, 0) WHERE granted OR lease_id = $2", key, leaseID).Scan(&granted, &tok)
+		if err != nil {
+			return false, 0, err
+		}
+		return granted, tok, tx.Commit()
+	}
+
+	// Leases granted by a version-8 build: exclusive, shared, FIFO, and
+	// the service role's.
+	var before []int64
+	old := func(q string, args ...any) {
+		t.Helper()
+		var granted bool
+		var tok int64
+		if err := db.QueryRowContext(ctx, q, args...).Scan(&granted, &tok); err != nil || !granted {
+			t.Fatalf("version-8 acquire: granted %v, %v", granted, err)
+		}
+		before = append(before, tok)
+	}
+	acquireSQL := "SELECT granted, token FROM " + ns.Object(d, "acquire") + "($1, $2, $3, 'old-build', 60000000, 0, 0) WHERE granted"
+	fifoSQL := "SELECT granted, token FROM " + ns.Object(d, "acquire_fifo") + "($1, 'x', $2, 'old-build', 60000000, 0, 0, $3, 60000000) WHERE granted"
+	old(acquireSQL, "up9/x", "x", "L-x")
+	old(acquireSQL, "up9/s", "s", "L-s1")
+	old(acquireSQL, "up9/s", "s", "L-s2")
+	old(fifoSQL, "up9/fifo", "L-fifo", "T-fifo")
+	if granted, tok, err := asRole("up9/svc", "L-svc"); err != nil || !granted {
+		t.Fatalf("version-8 acquire as the service role: granted %v, %v", granted, err)
+	} else {
+		before = append(before, tok)
+	}
+	maxBefore := before[0]
+	for _, tok := range before {
+		maxBefore = max(maxBefore, tok)
+	}
+
+	if _, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema)); err == nil {
+		t.Fatal("lock.New on a version-8 schema: want a *lock.SchemaError, got nil")
+	} else if se := (*lock.SchemaError)(nil); !errors.As(err, &se) || se.Current != 8 || se.Want < 9 {
+		t.Fatalf("lock.New on a version-8 schema: %v, want a *lock.SchemaError at 8 of 9 or later", err)
+	}
+	applied, err := p.UpTo(ctx, 9)
+	if err != nil || len(applied) != 1 || applied[0].Source.Version != 9 {
+		t.Fatalf("Up to 9 from version 8 applied %v, %v; want 00009 alone", applied, err)
+	}
+	uses("clock")
+	if _, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+
+	clock := dbClockUS(t, db)
+	if granted, tok, err := asRole("up9/svc2", "L-svc2"); err != nil || !granted {
+		t.Fatalf("version-9 acquire as the service role: granted %v, %v", granted, err)
+	} else if tok <= maxBefore || tok < clock {
+		t.Errorf("the service role's token %d: want it above %d (before the migration) and at least the clock %d", tok, maxBefore, clock)
+	}
+
+	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	// The version-8 leases still exclude.
+	for _, key := range []string{"up9/x", "up9/s", "up9/fifo", "up9/svc"} {
+		if _, err := l.TryAcquire(ctx, key, lock.Exclusive); !errors.Is(err, lock.ErrLocked) {
+			t.Fatalf("TryAcquire of %q, held since version 8: %v, want ErrLocked", key, err)
+		}
+	}
+	// Shared with the version-8 readers, then every key once free.
+	le, err := l.TryAcquire(ctx, "up9/s", lock.Shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if le.Token() <= maxBefore {
+		t.Errorf("shared token %d after %d: want it greater (SPEC S3)", le.Token(), maxBefore)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "DELETE FROM "+ns.Object(d, "holders")); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"up9/x", "up9/s", "up9/fifo", "up9/svc"} {
+		grantAbove(t, l, key, maxBefore)
+	}
+
+	// Down to 8: the sequence alone again, from where the clock left it.
+	var highest int64
+	if err := db.QueryRowContext(ctx, "SELECT last_value FROM "+seq).Scan(&highest); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.DownTo(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+	uses("sequence")
+	var granted bool
+	var tok int64
+	if err := db.QueryRowContext(ctx, acquireSQL, "up9/down", "x", "L-down").Scan(&granted, &tok); err != nil || !granted || tok <= highest {
+		t.Fatalf("version-8 acquire after Down: granted %v, token %d, %v; want a token above %d", granted, tok, err, highest)
+	}
+	if applied, err := p.UpTo(ctx, 9); err != nil || len(applied) != 1 {
+		t.Fatalf("Up after Down: %v, %v", applied, err)
+	}
+	uses("clock")
+	if granted, next, err := asRole("up9/svc3", "L-svc3"); err != nil || !granted || next <= tok {
+		t.Fatalf("acquire as the service role after Up again: granted %v, token %d after %d, %v", granted, next, tok, err)
+	}
+}
