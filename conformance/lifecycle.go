@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -474,10 +475,6 @@ func h2RenewalRetriesBackOff(e *Env) {
 // means lost). Then the same with batches that fail at once.
 func h2OversizedBatchSplit(e *Env) {
 	ctx := e.Ctx()
-	// A lease in a RenewBatch argument is "<32 hex>:<token>" plus JSON
-	// quoting and a comma: at least 36 bytes. The one-lease Renew
-	// statement carries 32.
-	const maxBytes = 40 * 36
 	// A dialect without RenewBatch renews one lease per statement, one
 	// after the other: there is no batch to split, and the case checks
 	// that the faults on oversized statements leave its renewals alone,
@@ -505,6 +502,18 @@ func h2OversizedBatchSplit(e *Env) {
 		}
 		held = append(held, le)
 	}
+	// A lease in a RenewBatch argument is "<32 hex>:<token>" plus JSON
+	// quoting and a comma: 36 bytes and the token's digits (up to 16 for
+	// a token that follows the database clock in microseconds, SPEC S7).
+	// Statements are faulted from about 40 leases on, well above the
+	// smallest failed batch that makes the renewer split (32): a smaller
+	// threshold would fail batches too small to say anything about their
+	// size. The one-lease Renew statement carries 32 bytes.
+	digits := 1
+	for _, le := range held {
+		digits = max(digits, len(strconv.FormatInt(le.Token(), 10)))
+	}
+	maxBytes := 40 * (36 + digits)
 	for _, fault := range []faultdb.Rule{
 		{Action: faultdb.Hang},
 		{Action: faultdb.Fail, Err: lcTransientError(e)},
