@@ -329,3 +329,44 @@ func TestUpgradeToVersion9TokensFollowClock(t *testing.T) {
 		t.Fatalf("acquire as the service role after Up again: granted %v, token %d after %d, %v", granted, next, tok, err)
 	}
 }
+
+// BenchmarkTokenAcquireRelease measures one grant and its release (the
+// acquire function, then this build's Release statement, each its own
+// statement on one connection) at migration 8 (tokens from the sequence
+// alone) and 9 (tokens from {next_token}), in schemas of their own. Run
+// with -count to interleave the two:
+//
+//	go test -run '^$' -bench TokenAcquireRelease -count 5 ./dialect/pgdialect
+func BenchmarkTokenAcquireRelease(b *testing.B) {
+	for _, v := range []int64{8, 9} {
+		b.Run(fmt.Sprintf("v%d", v), func(b *testing.B) {
+			ctx := context.Background()
+			db, d, ns, _ := schemaAt(b, "sqlease_bench9_", v)
+			acq := "SELECT granted, token FROM " + ns.Object(d, "acquire") + "('k', 'x', $1, 'bench', 60000000, 0, 0) WHERE granted"
+			rel, err := dialect.Compile(d, ns, d.Statements().Release, []string{"lease_id", "token", "channel"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			for i := 0; b.Loop(); i++ {
+				id := fmt.Sprintf("L%d", i)
+				var granted bool
+				var tok int64
+				if err := conn.QueryRowContext(ctx, acq, id).Scan(&granted, &tok); err != nil || !granted {
+					b.Fatalf("acquire: %v %v", granted, err)
+				}
+				rows, err := conn.QueryContext(ctx, rel.SQL, rel.Args(map[string]any{"lease_id": id, "token": tok, "channel": "sqlease_bench9"})...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := rows.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

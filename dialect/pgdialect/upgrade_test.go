@@ -131,7 +131,7 @@ func TestUpgradeToVersion6InlinesToUS(t *testing.T) {
 // and returns the pool, the dialect, the
 // namespace and a goose provider over this build's migrations, for moving
 // between versions. The schema is dropped when the test ends.
-func schemaAt(t *testing.T, prefix string, v int64) (*sql.DB, pgdialect.Dialect, dialect.Namespace, *goose.Provider) {
+func schemaAt(t testing.TB, prefix string, v int64) (*sql.DB, pgdialect.Dialect, dialect.Namespace, *goose.Provider) {
 	t.Helper()
 	ctx := context.Background()
 	db, err := sql.Open("pgx", conftest.PostgresDSN(t))
