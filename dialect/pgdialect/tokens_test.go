@@ -7,8 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
@@ -48,8 +51,9 @@ func prefixNamespace(t *testing.T, db *sql.DB, d pgdialect.Dialect) dialect.Name
 // after the token sequence is set back (as after the promotion of a standby
 // that lost grants, or a restore from a dump) the next grants, by Acquire
 // and by the FIFO function, still get tokens greater than every token
-// granted before (SPEC S3, S7). Tokens of one key granted back to back, in
-// the same microsecond or not, strictly increase. Both in a schema (names
+// granted before (SPEC S3, S7). Tokens of one key granted back to back
+// strictly increase, and come from the sequence while it is ahead of the
+// clock (as after the clock stepped back). Both in a schema (names
 // rendered schema-qualified) and under a table prefix alone (unqualified).
 func TestS7_TokensFollowDatabaseClock_Postgres(t *testing.T) {
 	ctx := context.Background()
@@ -76,6 +80,7 @@ func TestS7_TokensFollowDatabaseClock_Postgres(t *testing.T) {
 			defer l.Close(ctx)
 
 			var highest int64
+			clockBound := true
 			grant := func(key string) int64 {
 				t.Helper()
 				before := dbClockUS(t, db)
@@ -88,7 +93,7 @@ func TestS7_TokensFollowDatabaseClock_Postgres(t *testing.T) {
 				if err := le.Release(ctx); err != nil {
 					t.Fatal(err)
 				}
-				if tok < before || tok > after {
+				if clockBound && (tok < before || tok > after) {
 					t.Errorf("token %d of %q: want the database clock of its grant, between %d and %d µs", tok, key, before, after)
 				}
 				if tok <= highest {
@@ -138,6 +143,20 @@ func TestS7_TokensFollowDatabaseClock_Postgres(t *testing.T) {
 			if tok <= highest {
 				t.Errorf("FIFO token %d after %d: want it greater (SPEC S3)", tok, highest)
 			}
+
+			// The sequence ahead of the clock, as after the clock stepped
+			// back 10 s: tokens come from the sequence, one apart.
+			if _, err := db.ExecContext(ctx, "SELECT setval($1, $2)", seq, dbClockUS(t, db)+10_000_000); err != nil {
+				t.Fatal(err)
+			}
+			clockBound = false
+			for i := range 3 {
+				prev := highest
+				if tok := grant("s7"); i > 0 && tok != prev+1 {
+					t.Errorf("token %d after %d with the sequence ahead of the clock: want the sequence's next value", tok, prev)
+				}
+			}
+			clockBound = true
 		})
 	}
 }
@@ -148,12 +167,12 @@ func TestS7_TokensFollowDatabaseClock_Postgres(t *testing.T) {
 // sequence alone, keeping their settings, and every token issued after it
 // is greater than every token issued before it, while the leases granted
 // before it still exclude (SPEC S1, S3). Where EXECUTE on the acquire
-// functions was revoked from PUBLIC and the sequence granted to a service
-// role with USAGE only, as docs/operations.md listed, that role still
-// acquires after the migration (it gets UPDATE on the sequence for setval,
-// and EXECUTE on {next_token}). Down to 8 restores nextval (tokens go on
-// from the sequence, then at the clock) and drops {next_token}; Up
-// applies 00009 again.
+// functions was revoked from PUBLIC and granted to a service role with
+// USAGE only on the sequence (docs/operations.md), that role still
+// acquires after the migration: {next_token}, which needs UPDATE for
+// setval, runs as its owner, and the role gets EXECUTE on it. Down to 8
+// restores nextval (tokens go on from the sequence, then at the clock) and
+// drops {next_token}; Up applies 00009 again.
 func TestUpgradeToVersion9TokensFollowClock(t *testing.T) {
 	ctx := context.Background()
 	db, d, ns, p := schemaAt(t, "sqlease_up9_", 8)
@@ -185,6 +204,17 @@ func TestUpgradeToVersion9TokensFollowClock(t *testing.T) {
 		}
 		if exists != (what == "clock") {
 			t.Errorf("%s: {next_token} exists %v", what, exists)
+		}
+		if exists {
+			// It runs as its owner, on a search_path of its own.
+			var definer bool
+			var config string
+			if err := db.QueryRowContext(ctx, "SELECT prosecdef, array_to_string(proconfig, ' ') FROM pg_proc WHERE oid = $1::regprocedure", nextToken).Scan(&definer, &config); err != nil {
+				t.Fatal(err)
+			}
+			if want := "search_path=pg_catalog, " + d.QuoteIdent(ns.Schema) + ", pg_temp"; !definer || config != want && config != strings.ReplaceAll(want, `"`, "") {
+				t.Errorf("%s: {next_token} SECURITY DEFINER %v, settings %q; want true and %q", what, definer, config, want)
+			}
 		}
 	}
 	uses("sequence")
@@ -271,6 +301,10 @@ func TestUpgradeToVersion9TokensFollowClock(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	var mayUpdate bool
+	if err := db.QueryRowContext(ctx, "SELECT has_sequence_privilege($1, $2, 'UPDATE')", role, seq).Scan(&mayUpdate); err != nil || mayUpdate {
+		t.Fatalf("the service role may update the sequence: %v, %v; want USAGE only", mayUpdate, err)
+	}
 	clock := dbClockUS(t, db)
 	if granted, tok, err := asRole("up9/svc2", "L-svc2"); err != nil || !granted {
 		t.Fatalf("version-9 acquire as the service role: granted %v, %v", granted, err)
@@ -368,5 +402,83 @@ func BenchmarkTokenAcquireRelease(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestTokenCostMeasure (run only with SQLEASE_MEASURE_TOKENS=1) logs the
+// cost of a grant at migration 8 and 9, in interleaved rounds on schemas
+// of their own: a grant and its release as the engine sends them (each
+// statement its own transaction, so the grant waits for its WAL flush), and
+// the acquire function alone (2,000 grants of different keys in one
+// transaction that is rolled back: server time only).
+func TestTokenCostMeasure(t *testing.T) {
+	if os.Getenv("SQLEASE_MEASURE_TOKENS") != "1" {
+		t.Skip("set SQLEASE_MEASURE_TOKENS=1 to measure")
+	}
+	ctx := context.Background()
+	type target struct {
+		conn         *sql.Conn
+		acq, bulk    string
+		rel          dialect.Stmt
+		pair, server []float64
+	}
+	var targets []*target
+	for _, v := range []int64{8, 9} {
+		db, d, ns, _ := schemaAt(t, fmt.Sprintf("sqlease_cost%d_", v), v)
+		rel, err := dialect.Compile(d, ns, d.Statements().Release, []string{"lease_id", "token", "channel"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		targets = append(targets, &target{conn: conn, rel: rel,
+			acq:  "SELECT granted, token FROM " + ns.Object(d, "acquire") + "('k', 'x', $1, 'bench', 60000000, 0, 0) WHERE granted",
+			bulk: "SELECT count(*) FROM generate_series(1, 2000) g, LATERAL " + ns.Object(d, "acquire") + "('k' || g, 'x', 'L' || g, 'bench', 60000000, 0, 0) a WHERE a.granted"})
+	}
+	const pairs = 1000
+	for round := range 6 {
+		for _, tg := range targets {
+			start := time.Now()
+			for i := range pairs {
+				id := fmt.Sprintf("R%dL%d", round, i)
+				var granted bool
+				var tok int64
+				if err := tg.conn.QueryRowContext(ctx, tg.acq, id).Scan(&granted, &tok); err != nil || !granted {
+					t.Fatalf("acquire: %v %v", granted, err)
+				}
+				rows, err := tg.conn.QueryContext(ctx, tg.rel.SQL, tg.rel.Args(map[string]any{"lease_id": id, "token": tok, "channel": "sqlease_cost"})...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := rows.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tg.pair = append(tg.pair, float64(time.Since(start).Microseconds())/pairs)
+
+			tx, err := tg.conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+			if err != nil {
+				t.Fatal(err)
+			}
+			start = time.Now()
+			var n int
+			if err := tx.QueryRowContext(ctx, tg.bulk).Scan(&n); err != nil || n != 2000 {
+				t.Fatalf("bulk acquire: %d, %v", n, err)
+			}
+			tg.server = append(tg.server, float64(time.Since(start).Microseconds())/2000)
+			_ = tx.Rollback()
+		}
+	}
+	med := func(xs []float64) float64 {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	for i, tg := range targets {
+		t.Logf("migration %d: acquire+release %.1f µs (median of 6 rounds of %d; rounds %.0f), acquire function alone %.1f µs (rounds %.1f)",
+			8+i, med(tg.pair), pairs, tg.pair, med(tg.server), tg.server)
 	}
 }
