@@ -25,8 +25,10 @@ import (
 // modes on the key and on another key, the caller's own and another
 // waiter's markers, live and expired, and both modes asked for. Each call
 // runs on the state in a transaction that is rolled back. Both must give
-// the same answer (granted or not, the same rows, the same token) and
-// leave the same live rows (SPEC S1, S3, W1). The fast path may leave
+// the same answer (granted or not, the same rows, the same token, where a
+// newly issued one need only be greater than every token before it: the
+// new schema's comes from the clock, migration 00009) and leave the same
+// live rows (SPEC S1, S3, W1). The fast path may leave
 // expired rows the full path would have taken over; the test counts those
 // grants to show that the fast path ran.
 func TestAcquireFastPathDifferential(t *testing.T) {
@@ -159,10 +161,19 @@ func fastPathCall(ctx context.Context, t *testing.T, db *sql.DB, d pgdialect.Dia
 		if err := rows.Scan(&g, &id, &m, &owner, &tok, &ttl); err != nil {
 			t.Fatal(err)
 		}
+		// The rows set up have tokens 10 to 29 and the sequence is at
+		// 100: a token above 100 is the one this call issued, 101 from the
+		// old function and the database clock in microseconds from the
+		// current one (migration 00009); either is greater than every
+		// token before it (SPEC S3).
+		ts := fmt.Sprint(tok)
+		if tok > 100 {
+			ts = "issued"
+		}
 		if g {
-			out = append(out, fmt.Sprintf("granted{%s %s %s tok=%d ttl=%ds}", id, m, owner, tok, (ttl+500000)/1000000))
+			out = append(out, fmt.Sprintf("granted{%s %s %s tok=%s ttl=%ds}", id, m, owner, ts, (ttl+500000)/1000000))
 		} else {
-			out = append(out, fmt.Sprintf("refused{%s %s tok=%d}", id, m, tok))
+			out = append(out, fmt.Sprintf("refused{%s %s tok=%s}", id, m, ts))
 		}
 	}
 	if err := rows.Err(); err != nil {

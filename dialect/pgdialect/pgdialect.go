@@ -1,9 +1,12 @@
 // Package pgdialect is the PostgreSQL dialect of sqlease.
 //
 // Fencing tokens come from a SEQUENCE, so acquiring one key locks no row that
-// another key needs (SPEC S3, S5). Acquire is one call of a plpgsql function
-// installed by the migrations: one round trip, and a refused poll writes
-// nothing. Times are clock_timestamp(), evaluated when each statement runs
+// another key needs (SPEC S3, S5); a token is the greater of the sequence's
+// next value and the database clock in microseconds, the sequence set to it
+// when the clock wins (migration 00009), so tokens do not go back when the
+// sequence does, after a failover that lost WAL or a restore (SPEC S7).
+// Acquire is one call of a plpgsql function installed by the migrations:
+// one round trip, and a refused poll writes nothing. Times are clock_timestamp(), evaluated when each statement runs
 // (SPEC S2). Fenced writes hold the holder row FOR KEY SHARE; a takeover
 // deletes the row and so waits, while a renewal updates only non-key columns
 // and does not (SPEC F1, H7).
