@@ -33,9 +33,11 @@ func ExampleLocker_Lead() {
 	// Replica a leads first.
 	actx, stopA := context.WithCancel(ctx)
 	aLeads, aDone := make(chan struct{}), make(chan error, 1)
+	var aToken int64
 	go func() {
 		aDone <- a.Lead(actx, "jobs/scheduler", func(ctx context.Context, lease *lock.Lease) error {
-			fmt.Println("replica-a leads with token", lease.Token())
+			aToken = lease.Token()
+			fmt.Println("replica-a leads")
 			close(aLeads)
 			<-ctx.Done() // schedule jobs until stopped or no longer leader
 			return context.Cause(ctx)
@@ -47,7 +49,9 @@ func ExampleLocker_Lead() {
 
 	// Replica b campaigns, sees a lead, and takes over once a stops.
 	err = b.Lead(ctx, "jobs/scheduler", func(ctx context.Context, lease *lock.Lease) error {
-		fmt.Println("replica-b leads with token", lease.Token())
+		// Fencing tokens follow the database clock (SPEC S3, S7): the
+		// new leader's is greater, so storage fenced by token refuses a's.
+		fmt.Println("replica-b leads with a greater token:", lease.Token() > aToken)
 		return nil // done: Lead releases the lease and returns nil
 	}, lock.OnNewLeader(func(leader lock.Holder) {
 		fmt.Println("leader is now", leader.Owner)
@@ -58,11 +62,11 @@ func ExampleLocker_Lead() {
 	}), lock.ObserveInterval(50*time.Millisecond))
 	fmt.Println("replica-b Lead returned:", err)
 	// Output:
-	// replica-a leads with token 1
+	// replica-a leads
 	// leader is now replica-a
 	// replica-a stopped leading, cancelled: true
 	// replica-a Lead returned, cancelled: true
 	// leader is now replica-b
-	// replica-b leads with token 2
+	// replica-b leads with a greater token: true
 	// replica-b Lead returned: <nil>
 }
