@@ -281,6 +281,8 @@ const primaryQuery = `SELECT IF(@@global.read_only, 1, 0) AS read_only,
     WHEN 0 /*M!100000 OR @@global.wsrep_on */ /*!80000 OR COALESCE((SELECT variable_value FROM performance_schema.global_variables WHERE variable_name = 'wsrep_on'), 'OFF') = 'ON' */
       THEN CONCAT('server ', @@hostname, ':', @@port,
       ' is a Galera cluster node (wsrep_on=ON): the MySQL dialect serializes the grants of a key with GET_LOCK, which Galera does not replicate to the other nodes')
+    WHEN VERSION() LIKE '%TiDB%' THEN CONCAT('server ', @@hostname, ':', @@port,
+      ' is TiDB: the MySQL dialect needs stored procedures, which TiDB does not have')
     ELSE ''
   END AS reason`
 

@@ -198,10 +198,14 @@ const SQLStateWrongIsolation = "SL001"
 
 // primaryQuery refuses a hot standby (SPEC S7): a lease granted there
 // would not exist on the primary. It names the server as the standby sees
-// itself (its address and port, or the local socket).
-const primaryQuery = `SELECT pg_is_in_recovery(), CASE WHEN pg_is_in_recovery() THEN
-  'hot standby at ' || coalesce(host(inet_server_addr()) || ':' || inet_server_port(), 'a local socket') ||
-  ' (pg_is_in_recovery() is true)' END`
+// itself (its address and port, or the local socket). It also refuses
+// CockroachDB, whose advisory locks are no-ops (SPEC S1 would not hold).
+const primaryQuery = `SELECT pg_is_in_recovery(), CASE
+  WHEN version() LIKE 'CockroachDB%' THEN
+    'CockroachDB: its advisory-lock functions do nothing, and the acquire function serializes the grants of a key with pg_advisory_xact_lock'
+  WHEN pg_is_in_recovery() THEN
+    'hot standby at ' || coalesce(host(inet_server_addr()) || ':' || inet_server_port(), 'a local socket') ||
+    ' (pg_is_in_recovery() is true)' END`
 
 // Statements returns the PostgreSQL statement templates.
 func (Dialect) Statements() dialect.Statements {
