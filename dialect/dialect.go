@@ -239,6 +239,12 @@ const (
 	// recognizes without the dialect (io.EOF, net.Error,
 	// driver.ErrBadConn) need not be reported with this class.
 	ErrorConnection
+	// ErrorFailoverPause: the server refused to mint a token because it is
+	// a primary the namespace has not recorded yet, or one still inside its
+	// failover pause (Statements.SeePrimary; SPEC S7). Nothing was written.
+	// The engine runs SeePrimary and reports the key locked until the pause
+	// ends.
+	ErrorFailoverPause
 )
 
 func (c ErrorClass) String() string {
@@ -253,6 +259,8 @@ func (c ErrorClass) String() string {
 		return "isolation"
 	case ErrorConnection:
 		return "connection"
+	case ErrorFailoverPause:
+		return "failover-pause"
 	}
 	return "other"
 }
@@ -429,6 +437,17 @@ type Statements struct {
 	// (errors.ErrUnsupported); false with an empty or NULL reason: a
 	// writable primary (SPEC S7).
 	Primary string
+	// SeePrimary is the optional failover pause (SPEC S7): it records the
+	// server it runs on as the namespace's primary, with the moment it was
+	// first seen when it differs from the one recorded, raises the
+	// namespace's pause to @pause_us microseconds when that is larger (0
+	// leaves it), and returns one row (until_us, now_us): the end of the
+	// pause since this primary was first seen, and the database's time.
+	// While now_us < until_us, or on a primary not recorded yet when the
+	// pause is set, every grant fails with an error the dialect classifies
+	// as ErrorFailoverPause, having written nothing. Renewals are never
+	// paused. Without it lock.WithFailoverPause is refused.
+	SeePrimary string
 }
 
 // Namespace says where the lock objects live: an optional schema (dialects

@@ -620,6 +620,9 @@ func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID
 		if err == nil && res.granted && sctx.Err() != nil {
 			err = errUnconfirmed
 		}
+		if err != nil && l.d.Classify(err) == dialect.ErrorFailoverPause {
+			res, err = l.pauseRefusal(sctx, key)
+		}
 	}()
 	// When the caller gives up, let the statement finish for a moment, then
 	// cancel it through the driver (which aborts it on the server); either

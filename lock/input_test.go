@@ -90,6 +90,8 @@ func TestBadOptionsRejected(t *testing.T) {
 		{"bad prefix", lock.WithTablePrefix("Bad-Prefix"), []string{`prefix "Bad-Prefix"`, "lower-case"}, true},
 		{"long prefix", lock.WithTablePrefix(long), []string{"prefix", "41 bytes", "at most 40"}, true},
 		{"nil option", nil, []string{"option nil (option 1 of 1)", "leave it out"}, false},
+		{"zero failover pause", lock.WithFailoverPause(0), []string{"failover pause 0s", "at least the TTL"}, false},
+		{"failover pause below the TTL", lock.WithFailoverPause(time.Second), []string{"failover pause 1s", "at least the TTL (30s)"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := lock.New(t.Context(), db, d, tc.opt)
@@ -98,6 +100,16 @@ func TestBadOptionsRejected(t *testing.T) {
 				t.Errorf("%v: errors.Is(err, dialect.ErrInvalidName) = %v, want %v", err, !tc.name2, tc.name2)
 			}
 		})
+	}
+}
+
+// TestFailoverPauseUnsupported: a dialect without a failover pause (no
+// SeePrimary statement; SQLite has no standbys) refuses the option with
+// errors.ErrUnsupported, naming the dialect (SPEC S7).
+func TestFailoverPauseUnsupported(t *testing.T) {
+	_, err := lock.New(t.Context(), setupSQLite(t), sqlitedialect.New(), lock.WithFailoverPause(time.Hour))
+	if !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), `dialect "sqlite" has no failover pause`) {
+		t.Fatalf("WithFailoverPause on SQLite: %v, want errors.ErrUnsupported naming the dialect", err)
 	}
 }
 

@@ -65,9 +65,13 @@ const (
 	// LeaseID is the ticket ID, Token its place in the key's queue, Expiry
 	// when it lapses unless its waiter refreshes it. It cannot be acquired.
 	Queued
+	// FailoverPause marks, in a refusal, the failover pause of a new
+	// primary (SPEC S7, WithFailoverPause): Expiry is when it ends.
+	FailoverPause
 )
 
-// String returns "exclusive", "shared", "pending-writer" or "queued".
+// String returns "exclusive", "shared", "pending-writer", "queued" or
+// "failover-pause".
 func (m Mode) String() string {
 	switch m {
 	case Exclusive:
@@ -78,6 +82,8 @@ func (m Mode) String() string {
 		return "pending-writer"
 	case Queued:
 		return "queued"
+	case FailoverPause:
+		return "failover-pause"
 	}
 	return fmt.Sprintf("Mode(%d)", int8(m))
 }
@@ -159,6 +165,7 @@ type statements struct {
 	acquireFIFO                                                               []dialect.Stmt // SPEC W6
 	probeFIFO, dequeue                                                        stmt
 	grant, mark                                                               stmt // fast paths
+	seePrimary                                                                stmt
 	beginWrite                                                                string
 	isolation, scriptIsolation                                                sql.IsolationLevel
 	sweepReturnsCount                                                         bool
@@ -169,7 +176,7 @@ type stmt struct {
 	ok bool
 }
 
-var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us", "marker_us", "limit", "key_prefix", "leases", "channel", "watch_us", "ticket_id", "ticket_us"}
+var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us", "marker_us", "limit", "key_prefix", "leases", "channel", "watch_us", "ticket_id", "ticket_us", "pause_us"}
 
 // New builds a Locker on db with dialect d (nil: detected from db's driver
 // among registered dialects). It renders and checks every statement
@@ -227,6 +234,11 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 		}
 		if current < want {
 			return nil, &SchemaError{Dialect: d.Name(), Table: cfg.ns.VersionTable(), Current: current, Want: want, Namespace: cfg.ns}
+		}
+	}
+	if cfg.failoverPause > 0 {
+		if _, _, err := l.seePrimary(ctx, cfg.failoverPause); err != nil {
+			return nil, err
 		}
 	}
 	return l, nil
@@ -290,6 +302,7 @@ func (l *Locker) compile() error {
 		{"Dequeue", s.Dequeue, &l.st.dequeue, len(s.AcquireFIFO) > 0},
 		{"Grant", s.Grant, &l.st.grant, false},
 		{"Mark", s.Mark, &l.st.mark, false},
+		{"SeePrimary", s.SeePrimary, &l.st.seePrimary, false},
 	} {
 		if *x.dst, err = one(x.name, x.text, x.required); err != nil {
 			return err

@@ -64,8 +64,9 @@ type config struct {
 	notifyPoll     time.Duration
 	sweepSet       bool
 	// zero holds the first option given a zero value (see Option).
-	zero     error
-	listenDB *sql.DB
+	zero          error
+	listenDB      *sql.DB
+	failoverPause time.Duration
 }
 
 // rejectZero records that an option was given its zero value; New returns
@@ -281,6 +282,9 @@ func (c *config) finish(d dialect.Dialect) error {
 		return inputErr("max backoff", c.maxBackoff.String(), "at least "+MinBackoff.String())
 	}
 	c.maxBackoff = min(c.maxBackoff, c.ttl)
+	if err := c.checkFailoverPause(d); err != nil {
+		return err
+	}
 	if c.listenDB != nil && !d.Capabilities().Has(dialect.CapNotify) {
 		return inputErr("listen pool", "a *sql.DB", fmt.Sprintf("none: dialect %q has no notifications (CapNotify)", d.Name()))
 	}

@@ -523,3 +523,107 @@ func TestMultiHostDSNFollowsPromotion(t *testing.T) {
 		t.Fatalf("release on the new primary: %v", err)
 	}
 }
+
+// TestFailoverPauseNoOverlap: with lock.WithFailoverPause, an asynchronous
+// promotion that lost a grant leaves no two holders of a key at once
+// (SPEC S7): the new primary grants nothing until one maximum TTL after it
+// was first seen, by which time the holder of the lost grant has stopped
+// trusting it; a lease whose row survived renews meanwhile; tokens still
+// never go back.
+func TestFailoverPauseNoOverlap(t *testing.T) {
+	foNeed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ttl = 3 * time.Second
+	p := foPrimary(t, ctx)
+	s := foStandby(t, ctx, p)
+	if _, err := migrate.Up(ctx, foOpen(t, p.DSN()), pgdialect.New()); err != nil {
+		t.Fatal(err)
+	}
+	// Every Locker reaches the database through a proxy, re-pointed at the
+	// new primary after the failover.
+	px, err := pgcluster.StartProxy(p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(px.Close)
+	db := foOpen(t, fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=5", px.Addr()))
+	newLocker := func(owner string) *lock.Locker {
+		l, err := lock.New(ctx, db, pgdialect.New(), lock.WithTTL(ttl), lock.WithOwner(owner), lock.WithFailoverPause(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = l.Close(cctx)
+		})
+		return l
+	}
+	a, b := newLocker("a"), newLocker("b")
+	survivor, err := a.TryAcquire(ctx, "survivor", lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CutReplication(); err != nil {
+		t.Fatal(err)
+	}
+	lost, err := a.TryAcquire(ctx, "h", lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// By the local clock: the lost lease is trusted until lostTrustEnd.
+	lostTrustEnd := time.Now().Add(lost.Remaining())
+
+	p.Kill()
+	if err := s.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	px.SetUpstream(s.Addr())
+	px.Cut()
+	promoted := time.Now()
+
+	// A try during the pause is refused, naming the pause.
+	_, err = b.TryAcquire(ctx, "h", lock.Exclusive)
+	var le *lock.LockedError
+	if !errors.As(err, &le) || len(le.Holders) != 1 || le.Holders[0].Mode != lock.FailoverPause {
+		t.Fatalf("TryAcquire right after the promotion: %v, want ErrLocked naming the failover pause", err)
+	}
+	t.Logf("refused during the pause: %v", err)
+	// A blocking acquire is granted once the pause ends.
+	nh, err := b.Acquire(ctx, "h", lock.Exclusive, lock.WaitTimeout(4*ttl))
+	if err != nil {
+		t.Fatalf("acquire after the pause: %v", err)
+	}
+	granted := time.Now()
+	t.Logf("after the promotion: the lost grant was trusted for %v more, the first new grant came %v later",
+		lostTrustEnd.Sub(promoted).Round(time.Millisecond), granted.Sub(promoted).Round(time.Millisecond))
+	if granted.Before(lostTrustEnd) {
+		t.Errorf("the new primary granted %q %v before the holder of the lost grant stopped trusting it: two holders", "h", lostTrustEnd.Sub(granted))
+	}
+	var sinceUS, pauseUS int64
+	sdb := foOpen(t, s.DSN())
+	if err := sdb.QueryRowContext(ctx, "SELECT since_us, pause_us FROM sqlease_epoch").Scan(&sinceUS, &pauseUS); err != nil {
+		t.Fatal(err)
+	}
+	if g := nh.GrantedAt().UnixMicro(); g < sinceUS+pauseUS {
+		t.Errorf("first grant at %d µs, before the pause ended (first seen %d + %d µs)", g, sinceUS, pauseUS)
+	}
+	if nh.Token() <= lost.Token() {
+		t.Errorf("token after the promotion %d does not exceed the lost grant's %d", nh.Token(), lost.Token())
+	}
+	// The surviving lease renewed through the pause; the lost one is lost.
+	if err := survivor.Err(); err != nil {
+		t.Errorf("the lease whose row survived was lost during the pause: %v", err)
+	}
+	if err := survivor.Renew(ctx); err != nil {
+		t.Errorf("renewing the surviving lease on the new primary: %v", err)
+	}
+	if !errors.Is(lost.Err(), lock.ErrLeaseLost) {
+		t.Errorf("the lease whose grant was lost: Err %v, want ErrLeaseLost", lost.Err())
+	}
+	_ = nh.Release(ctx)
+}

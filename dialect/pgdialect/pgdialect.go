@@ -170,6 +170,8 @@ func (Dialect) Classify(err error) dialect.ErrorClass {
 			return dialect.ErrorUndefinedTable
 		case code == SQLStateWrongIsolation:
 			return dialect.ErrorIsolation
+		case code == SQLStateFailoverPause:
+			return dialect.ErrorFailoverPause
 		}
 		return dialect.ErrorOther
 	}
@@ -207,11 +209,16 @@ const primaryQuery = `SELECT pg_is_in_recovery(), CASE
     'hot standby at ' || coalesce(host(inet_server_addr()) || ':' || inet_server_port(), 'a local socket') ||
     ' (pg_is_in_recovery() is true)' END`
 
+// SQLStateFailoverPause is the SQLSTATE a grant fails with, having written
+// nothing, on a primary inside its failover pause (migration 00010; SPEC S7).
+const SQLStateFailoverPause = "SL002"
+
 // Statements returns the PostgreSQL statement templates.
 func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
-		Primary:   primaryQuery,
-		Isolation: sql.LevelReadCommitted,
+		Primary:    primaryQuery,
+		SeePrimary: `SELECT until_us, now_us FROM {primary_seen}(@pause_us)`,
+		Isolation:  sql.LevelReadCommitted,
 		Acquire: []string{`SELECT granted, lease_id, mode, owner, token, expires_us, now_us
 FROM {acquire}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint, @watch_us::bigint)`},
 		Renew: `UPDATE {holders}
