@@ -323,8 +323,9 @@ func (d *driver) promote() {
 	d.logf("promote: the standby is the primary (%d grants logged since the cut, %v after the kill)", tail.n, time.Duration(p.SwitchNS-p.KillNS).Round(time.Millisecond))
 }
 
-// grantTail counts the grants the workers logged at or after since,
-// reading only what their logs gained since the last count.
+// grantTail counts the grants the workers logged that were made at or
+// after since (database time), reading only what their logs gained since
+// the last count.
 type grantTail struct {
 	dir     string
 	workers int
@@ -355,7 +356,8 @@ func (g *grantTail) count() int {
 				continue
 			}
 			var e event
-			if json.Unmarshal(line, &e) == nil && e.T >= g.since {
+			// By database time, as the checker counts lost grants.
+			if json.Unmarshal(line, &e) == nil && e.Granted*1000 >= g.since {
 				g.n++
 			}
 		}
