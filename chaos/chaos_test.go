@@ -72,7 +72,8 @@ func TestChaosSQLite(t *testing.T) {
 }
 
 // TestChaosPostgres runs the chaos suite on a private PostgreSQL cluster
-// behind a TCP proxy, with every fault kind. Without server binaries or an
+// behind a TCP proxy, with every default fault kind (not promote: see
+// TestChaosPostgresPromote). Without server binaries or an
 // OS user postgres it runs against $SQLEASE_POSTGRES_DSN in a fresh schema
 // without the restart fault, and skips without either.
 func TestChaosPostgres(t *testing.T) {
@@ -89,9 +90,90 @@ func TestChaosPostgres(t *testing.T) {
 	}
 	rep := runChaos(t, cfg)
 	requireClean(t, rep)
-	for _, kind := range chaos.AllFaults {
+	for _, kind := range chaos.DefaultFaults {
 		if _, skipped := rep.Skipped[kind]; !skipped && rep.Faults[kind] == 0 {
 			t.Errorf("no %s fault was injected", kind)
+		}
+	}
+}
+
+// TestChaosPostgresPromote runs the chaos suite on a private PostgreSQL
+// cluster with an asynchronous hot standby and the promote fault (plus
+// kills of workers, terminated backends and cut connections): replication is cut, the primary makes more than
+// 100 grants the standby never sees, it is killed, the standby promoted
+// and the workers' proxy re-pointed at it; the run goes on there.
+//
+// The checker must find no violation other than the failover's expected
+// consequences: S7 (tokens went back) and F1 across the promotion when
+// tokens do not follow the database clock (a token sequence alone, before
+// PostgreSQL migration 00009), in which case S7 must be reported (the
+// checker catches it); none at all with hybrid-clock tokens. Overlaps of
+// a lost lease with a new one are the documented residual risk: counted,
+// not S1.
+func TestChaosPostgresPromote(t *testing.T) {
+	if why := chaos.PrivateClusterUnavailable(); why != "" {
+		if os.Getenv("SQLEASE_REQUIRE_POSTGRES") == "1" {
+			t.Fatalf("SQLEASE_REQUIRE_POSTGRES=1 but no private cluster: %s", why)
+		}
+		t.Skipf("no private PostgreSQL cluster: %s", why)
+	}
+	d := 30 * time.Second
+	if os.Getenv(durationEnv) != "" {
+		d = chaosDuration(t)
+	}
+	// Six workers on six keys and the connection-level faults only
+	// (TestChaosPostgres has them all): the primary must make more than
+	// 100 grants between the cut and the kill, which long stops and
+	// latency spikes on three keys would slow to a crawl.
+	faults := []string{chaos.FaultPromote, chaos.FaultKill, chaos.FaultTerminate, chaos.FaultCut}
+	rep := runChaos(t, chaos.Config{Dialect: "postgres", Duration: d, Workers: 6, Keys: 6, Faults: faults})
+	if why, skipped := rep.Skipped[chaos.FaultPromote]; skipped {
+		if os.Getenv("SQLEASE_REQUIRE_POSTGRES") == "1" {
+			t.Fatalf("SQLEASE_REQUIRE_POSTGRES=1 but the promote fault was skipped: %s", why)
+		}
+		t.Skipf("promote fault skipped: %s", why)
+	}
+	// The run keeps its files when it finds violations, which it does
+	// here until tokens follow the database clock: remove them when the
+	// test passes.
+	t.Cleanup(func() {
+		if !t.Failed() && rep.Dir != "" {
+			os.RemoveAll(rep.Dir)
+		}
+	})
+	p := rep.Promotion
+	if p == nil || rep.Faults[chaos.FaultPromote] != 1 {
+		t.Fatalf("no promotion happened (faults: %v; problems: %q)", rep.Faults, rep.Problems)
+	}
+	t.Logf("promotion: grants lost %d, acknowledged writes lost %d, tokens compared %d, fenced writes refused %d, S7 violations %d, overlaps across the promotion %d (longest %v), clock tokens %v",
+		p.GrantsLost, p.AckedLost, p.TokensCompared, p.Refused, p.S7, p.Overlaps, p.LongestOverlap, p.ClockTokens)
+	if p.GrantsLost <= 100 {
+		t.Errorf("%d grants lost on the old primary after the cut, want more than 100", p.GrantsLost)
+	}
+	if p.TokensCompared == 0 {
+		t.Errorf("no token granted after the promotion was compared")
+	}
+	if rep.Grants == 0 || rep.Acked == 0 || rep.Probes == 0 {
+		t.Errorf("the run checked %d grants, %d acknowledged writes, %d probes; want some of each", rep.Grants, rep.Acked, rep.Probes)
+	}
+	if len(rep.Stuck) > 0 {
+		t.Errorf("%d stuck keys", len(rep.Stuck))
+	}
+	expected := map[string]bool{}
+	if !p.ClockTokens {
+		// Tokens from a sequence alone: the promoted standby's sequence is
+		// behind the lost grants, so tokens go back, and writes fenced by
+		// them are accepted after writes with greater tokens.
+		if p.S7 == 0 {
+			t.Errorf("tokens do not follow the database clock, yet no S7 violation was found: the checker missed the tokens that went back")
+		}
+		expected[chaos.RuleS7], expected[chaos.RuleFenced] = true, true
+		t.Logf("tokens do not follow the database clock here (PostgreSQL migration 00009 not applied): S7 and F1 across the promotion are expected, and were found: S7 %d, F1 %d",
+			rep.ViolationsByRule[chaos.RuleS7], rep.ViolationsByRule[chaos.RuleFenced])
+	}
+	for rule, n := range rep.ViolationsByRule {
+		if n > 0 && !expected[rule] {
+			t.Errorf("%d %s violations; see the report above", n, rule)
 		}
 	}
 }

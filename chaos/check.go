@@ -17,6 +17,7 @@ const (
 	RuleLiveness = "liveness"    // a key not acquired within TTL plus one backoff step after the faults
 	RuleForget   = "H8"          // a Locker refused a key it had released (ErrReentrant)
 	RuleDeadline = "H9"          // a blocking acquire overran its WaitTimeout by more than 500 ms (plus a grace), or gave up early on a transient error
+	RuleS7       = "S7"          // a token granted after a promotion does not exceed every token granted on its key before it
 )
 
 // deadlineGrace is added to H9's 500 ms for a loaded machine.
@@ -48,6 +49,22 @@ type history struct {
 	probers map[string]bool
 	keys    []string
 	lockers int
+	// promotions are the failovers of the run (the promote fault).
+	promotions []promotion
+}
+
+// epochOf is the number of promotions that switched the workers to a new
+// primary before local or database time ns: a grant or a write of epoch 0
+// was made by the first primary, of epoch 1 by the first promoted
+// standby, and so on (database and local clocks are one machine's).
+func (h *history) epochOf(ns int64) int {
+	e := 0
+	for _, p := range h.promotions {
+		if ns >= p.SwitchNS {
+			e++
+		}
+	}
+	return e
 }
 
 // leaseInfo is what the history says about one grant.
@@ -58,9 +75,57 @@ type leaseInfo struct {
 	ttl                   time.Duration
 	grantT                int64 // local ns
 	grantUS, expiryUS     int64 // database µs; expiry: latest seen
-	lastWriteUS           int64 // latest ledger row of this lease
+	grantExpiryUS         int64 // database µs: the expiry the grant returned
+	lastWriteUS           int64 // latest ledger row of this lease (or lost acknowledged write)
 	ended                 bool  // released, releasing or reported lost
+	endT                  int64 // local ns of the first releasing or loss event
+	epoch                 int   // promotions before the grant (history.epochOf)
 	evs                   []event
+}
+
+// heldUntil is when, in database µs, the holder stopped trusting the
+// lease at the latest: its first release or loss signal, but not past the
+// latest expiry it saw (its trusted window ends before that), and not
+// before its last committed fenced write.
+func (l *leaseInfo) heldUntil() int64 {
+	end := l.expiryUS
+	if l.ended && l.endT/1000 < end {
+		end = l.endT / 1000
+	}
+	return max(end, l.lastWriteUS, l.grantUS)
+}
+
+// standbyUntil is a lower bound, in database µs, on how long the primary
+// promoted at p kept the lease's row live: the latest expiry that was
+// acknowledged (granted or renewed) before p.SyncedNS, when every
+// acknowledged commit had been replayed on the standby, or renewed by the
+// new primary itself (a renewal's expiry is its database time plus the
+// TTL, so one from after p.SwitchNS was made there); only its holder
+// deletes a row before its expiry, so not past the holder's release. 0
+// when nothing is known (granted after SyncedNS and never renewed by the
+// new primary, or released on the old primary, which may or may not have
+// reached the standby).
+func (l *leaseInfo) standbyUntil(p promotion) int64 {
+	var until, releasing int64
+	if p.SyncedNS != 0 && l.grantT < p.SyncedNS {
+		until = l.grantExpiryUS
+	}
+	for _, e := range l.evs {
+		if e.Ev == evRenewed && ((p.SyncedNS != 0 && e.T < p.SyncedNS) || (e.Expiry-l.ttl.Microseconds())*1000 >= p.SwitchNS) {
+			until = max(until, e.Expiry)
+		}
+		if e.Ev == evReleasing && releasing == 0 {
+			releasing = e.T
+		}
+	}
+	switch {
+	case releasing == 0:
+	case releasing < p.SwitchNS:
+		return 0
+	default:
+		until = min(until, releasing/1000)
+	}
+	return until
 }
 
 // liveUntil is a lower bound, in database µs, on when the lease's row
@@ -86,9 +151,18 @@ func isLossSignal(e event) bool {
 // checkResult is the checker's verdict and figures.
 type checkResult struct {
 	Grants, Writes, Acked, StopsChecked, Probes int
-	Violations                                  []Violation
-	ViolationsByRule                            map[string]int
-	Stuck                                       []string
+	// Across promotions: grants the old primary made after the cut,
+	// acknowledged writes lost with the promotion, tokens compared for S7,
+	// fenced writes refused after the switch to holders of earlier leases,
+	// overlaps of conflicting leases across the promotion (not S1) and the
+	// longest; ClockTokens: every later token is at least the database
+	// clock in µs at its grant.
+	GrantsLost, AckedLost, TokensCompared, RefusedAcross, Overlaps int
+	LongestOverlap                                                 time.Duration
+	ClockTokens                                                    bool
+	Violations                                                     []Violation
+	ViolationsByRule                                               map[string]int
+	Stuck                                                          []string
 }
 
 const maxDetails = 25
@@ -123,7 +197,8 @@ func check(h history) checkResult {
 	for _, e := range h.events {
 		if (e.Ev == evGrant || (e.Ev == evProbe && e.Lease != "")) && leases[e.Lease] == nil {
 			l := &leaseInfo{id: e.Lease, key: e.Key, worker: e.Worker, inc: e.Inc, mode: e.Mode, token: e.Token,
-				ttl: time.Duration(e.TTLMS) * time.Millisecond, grantT: e.T, grantUS: e.Granted, expiryUS: e.Expiry}
+				ttl: time.Duration(e.TTLMS) * time.Millisecond, grantT: e.T, grantUS: e.Granted, expiryUS: e.Expiry, grantExpiryUS: e.Expiry,
+				epoch: h.epochOf(e.Granted * 1000)}
 			leases[e.Lease] = l
 			order = append(order, l)
 			continue
@@ -137,12 +212,49 @@ func check(h history) checkResult {
 		case evRenewed:
 			l.expiryUS = max(l.expiryUS, e.Expiry)
 		case evReleasing, evReleased, evLost, evWriteLost, evWindowEnded:
-			l.ended = true
+			if !l.ended {
+				l.ended, l.endT = true, e.T
+			}
 		}
 	}
 	r.Grants = len(order)
 	r.Writes = len(h.ledger)
+
+	// Acknowledged writes are in the ledger, except, after a promotion,
+	// those the old primary acknowledged after the standby was last known
+	// to have caught up (asynchronous replication loses them).
+	//
+	// The fenced-write checks below run over the ledger the last primary
+	// has (what survived) plus those lost acknowledged writes: a worker
+	// saw them accepted, so a later write with a smaller token is as much
+	// a fencing failure as one that survived. Their commit order is the
+	// old primary's counter, which the new primary's counter does not
+	// continue (it goes back to the last value it replayed): writes are
+	// ordered by epoch, then counter. Lost writes nobody saw acknowledged
+	// (a worker killed before the answer) are not in the history at all.
+	written := map[string]bool{}
 	for _, w := range h.ledger {
+		written[w.WriteID] = true
+	}
+	ledger := h.ledger
+	for _, e := range h.events {
+		if e.Ev != evAck {
+			continue
+		}
+		r.Acked++
+		if written[e.WriteID] {
+			continue
+		}
+		if ep := h.epochOf(e.At * 1000); ep < len(h.promotions) {
+			if p := h.promotions[ep]; p.SyncedNS == 0 || e.T >= p.SyncedNS {
+				r.AckedLost++
+				ledger = append(ledger, ledgerRow{WriteID: e.WriteID, Key: e.Key, Token: e.Token, Lease: e.Lease, Worker: e.Worker, Mode: e.Mode, N: e.N, AtUS: e.At})
+				continue
+			}
+		}
+		r.add(Violation{RuleAcked, e.Key, fmt.Sprintf("write %s (token %d, %s) was acknowledged but is not in the ledger", e.WriteID, e.Token, e.Worker)})
+	}
+	for _, w := range ledger {
 		if l := leases[w.Lease]; l != nil {
 			l.lastWriteUS = max(l.lastWriteUS, w.AtUS)
 		}
@@ -152,49 +264,40 @@ func check(h history) checkResult {
 	for _, l := range order {
 		byKey[l.key] = append(byKey[l.key], l)
 	}
-	for key, ls := range byKey {
+	for _, ls := range byKey {
 		sort.SliceStable(ls, func(i, j int) bool { return ls[i].token < ls[j].token })
-		// S3: one lease per token.
-		for i := 1; i < len(ls); i++ {
-			if ls[i].token == ls[i-1].token {
-				r.add(Violation{RuleS3, key, fmt.Sprintf("token %d granted twice: lease %s (%s) and lease %s (%s)",
-					ls[i].token, ls[i-1].id, ls[i-1].worker, ls[i].id, ls[i].worker)})
+	}
+	if len(h.promotions) > 0 {
+		// Hybrid-clock tokens: at least the database clock in µs at the
+		// grant (1 s of slack for the clock reading's place in the
+		// statement).
+		later := 0
+		r.ClockTokens = true
+		for _, l := range order {
+			if l.epoch > 0 {
+				later++
+				r.ClockTokens = r.ClockTokens && l.token >= l.grantUS-1_000_000
 			}
 		}
-		// S1 and S3 order: walking in token order, a lease must be granted
-		// after every earlier conflicting lease stopped being live, and
-		// not before an earlier conflicting lease was granted.
-		var maxAll, maxX *leaseInfo // by liveUntil
-		var grantAll, grantX *leaseInfo
-		for _, b := range ls {
-			prev, prevGrant := maxX, grantX
-			if b.mode == "x" {
-				prev, prevGrant = maxAll, grantAll
+		r.ClockTokens = r.ClockTokens && later > 0
+		for _, e := range h.events {
+			if l := leases[e.Lease]; e.Ev == evWriteLost && l != nil && l.epoch < h.epochOf(e.T) {
+				r.RefusedAcross++
 			}
-			// (A lease granted before prev is a token-order problem,
-			// reported below as S3.)
-			if prev != nil && prev.token < b.token && prev.grantUS <= b.grantUS && b.grantUS < prev.liveUntil() {
-				r.add(Violation{RuleS1, key, fmt.Sprintf("%s lease %s (token %d, %s) granted at %s while %s lease %s (token %d, %s) was live until at least %s",
-					b.mode, b.id, b.token, b.worker, fmtUS(b.grantUS), prev.mode, prev.id, prev.token, prev.worker, fmtUS(prev.liveUntil()))})
-			}
-			if prevGrant != nil && prevGrant.token < b.token && b.grantUS < prevGrant.grantUS {
-				r.add(Violation{RuleS3, key, fmt.Sprintf("token %d (lease %s) granted at %s, before token %d (lease %s) at %s",
-					b.token, b.id, fmtUS(b.grantUS), prevGrant.token, prevGrant.id, fmtUS(prevGrant.grantUS))})
-			}
-			if maxAll == nil || b.liveUntil() > maxAll.liveUntil() {
-				maxAll = b
-			}
-			if grantAll == nil || b.grantUS > grantAll.grantUS {
-				grantAll = b
-			}
-			if b.mode == "x" {
-				if maxX == nil || b.liveUntil() > maxX.liveUntil() {
-					maxX = b
-				}
-				if grantX == nil || b.grantUS > grantX.grantUS {
-					grantX = b
-				}
-			}
+		}
+	}
+	for key, all := range byKey {
+		// S1 and S3 hold among the grants of one primary; across a
+		// promotion, S7 and the overlaps are checked below.
+		epochs := map[int][]*leaseInfo{}
+		for _, l := range all {
+			epochs[l.epoch] = append(epochs[l.epoch], l)
+		}
+		for _, ls := range epochs {
+			r.checkEpoch(key, ls)
+		}
+		if len(h.promotions) > 0 {
+			r.checkPromotions(h, key, all)
 		}
 	}
 
@@ -202,10 +305,14 @@ func check(h history) checkResult {
 	// been granted before a write's database time, and in commit order a
 	// write never follows a conflicting write with a greater token.
 	ledgerByKey := map[string][]ledgerRow{}
-	written := map[string]bool{}
-	for _, w := range h.ledger {
+	for _, w := range ledger {
 		ledgerByKey[w.Key] = append(ledgerByKey[w.Key], w)
-		written[w.WriteID] = true
+	}
+	across := func(a, b int64) string {
+		if h.epochOf(a*1000) != h.epochOf(b*1000) {
+			return " (across the promotion)"
+		}
+		return ""
 	}
 	for key, ws := range ledgerByKey {
 		ls := byKey[key] // sorted by token
@@ -227,11 +334,16 @@ func check(h history) checkResult {
 				succ = sufAll[i]
 			}
 			if succ != nil && succ.grantUS < w.AtUS {
-				r.add(Violation{RuleFenced, key, fmt.Sprintf("write %s (token %d, %s) committed at %s, after %s lease %s (token %d, %s) was granted at %s",
-					w.WriteID, w.Token, w.Worker, fmtUS(w.AtUS), succ.mode, succ.id, succ.token, succ.worker, fmtUS(succ.grantUS))})
+				r.add(Violation{RuleFenced, key, fmt.Sprintf("write %s (token %d, %s) committed at %s, after %s lease %s (token %d, %s) was granted at %s%s",
+					w.WriteID, w.Token, w.Worker, fmtUS(w.AtUS), succ.mode, succ.id, succ.token, succ.worker, fmtUS(succ.grantUS), across(succ.grantUS, w.AtUS))})
 			}
 		}
-		sort.Slice(ws, func(i, j int) bool { return ws[i].N < ws[j].N })
+		sort.Slice(ws, func(i, j int) bool {
+			if ei, ej := h.epochOf(ws[i].AtUS*1000), h.epochOf(ws[j].AtUS*1000); ei != ej {
+				return ei < ej
+			}
+			return ws[i].N < ws[j].N
+		})
 		var topAll, topX *ledgerRow
 		for i := range ws {
 			w := &ws[i]
@@ -240,8 +352,8 @@ func check(h history) checkResult {
 				prev = topAll
 			}
 			if prev != nil && prev.Token > w.Token {
-				r.add(Violation{RuleFenced, key, fmt.Sprintf("write %s (token %d, %s) committed after write %s with token %d (%s)",
-					w.WriteID, w.Token, w.Worker, prev.WriteID, prev.Token, prev.Worker)})
+				r.add(Violation{RuleFenced, key, fmt.Sprintf("write %s (token %d, %s) committed after write %s with token %d (%s)%s",
+					w.WriteID, w.Token, w.Worker, prev.WriteID, prev.Token, prev.Worker, across(prev.AtUS, w.AtUS))})
 			}
 			if topAll == nil || w.Token > topAll.Token {
 				topAll = w
@@ -305,17 +417,6 @@ func check(h history) checkResult {
 			}
 			r.add(Violation{RuleDeadline, e.Key, fmt.Sprintf("%s.%d locker %d: %s acquire with WaitTimeout %v %s after %dms: %s",
 				e.Worker, e.Inc, e.Locker, e.Mode, acquireWait, what, e.WaitMS, e.Err)})
-		}
-	}
-
-	// Acknowledged writes are in the ledger.
-	for _, e := range h.events {
-		if e.Ev != evAck {
-			continue
-		}
-		r.Acked++
-		if !written[e.WriteID] {
-			r.add(Violation{RuleAcked, e.Key, fmt.Sprintf("write %s (token %d, %s) was acknowledged but is not in the ledger", e.WriteID, e.Token, e.Worker)})
 		}
 	}
 
@@ -398,6 +499,126 @@ func check(h history) checkResult {
 		}
 	}
 	return r
+}
+
+// checkPromotions checks key's leases across the run's promotions (all:
+// every lease of key, sorted by token).
+//
+// S7: every token granted after a promotion exceeds every token granted
+// on the key before it, lost grants included.
+//
+// S1 does not survive an asynchronous promotion: a lease the promoted
+// standby never saw (granted, or renewed, after the last commit it
+// replayed) still has a holder who trusts it until its next renewal or
+// its expiry, and the new primary may grant a conflicting lease
+// meanwhile. Such an overlap of a lease from before a promotion with one
+// from after it is counted (Overlaps, LongestOverlap: from the later
+// grant to when the earlier holder stopped trusting its lease, see
+// heldUntil), not reported as S1. It is an S1 violation only when the
+// standby is known to have had the earlier lease's row live (standbyUntil:
+// granted or renewed before it had caught up, not released) when the
+// later lease was granted.
+func (r *checkResult) checkPromotions(h history, key string, all []*leaseInfo) {
+	n := len(h.promotions)
+	for _, l := range all {
+		if l.epoch < n {
+			if p := h.promotions[l.epoch]; l.grantUS*1000 >= p.CutNS {
+				r.GrantsLost++
+			}
+		}
+	}
+	var earlier []*leaseInfo // leases of earlier epochs still trusted after a switch
+	for e := 1; e <= n; e++ {
+		var top *leaseInfo // greatest token before epoch e
+		for _, l := range all {
+			if l.epoch < e && (top == nil || l.token > top.token) {
+				top = l
+			}
+		}
+		for _, b := range all {
+			if b.epoch != e || top == nil {
+				continue
+			}
+			r.TokensCompared++
+			if b.token <= top.token {
+				r.add(Violation{RuleS7, key, fmt.Sprintf("token %d (%s lease %s, %s) granted at %s, after the promotion at %s, does not exceed token %d (%s lease %s, %s) granted before it at %s: tokens went back",
+					b.token, b.mode, b.id, b.worker, fmtUS(b.grantUS), fmtUS(h.promotions[e-1].SwitchNS/1000), top.token, top.mode, top.id, top.worker, fmtUS(top.grantUS))})
+			}
+		}
+	}
+	for _, l := range all {
+		if l.epoch < n {
+			sw := h.promotions[l.epoch].SwitchNS / 1000
+			if l.heldUntil() > sw || l.standbyUntil(h.promotions[l.epoch]) > sw {
+				earlier = append(earlier, l)
+			}
+		}
+	}
+	for _, b := range all {
+		for _, a := range earlier {
+			if a.epoch >= b.epoch || !conflicts(a.mode, b.mode) {
+				continue
+			}
+			if b.epoch == a.epoch+1 {
+				if until := a.standbyUntil(h.promotions[a.epoch]); b.grantUS < until {
+					r.add(Violation{RuleS1, key, fmt.Sprintf("%s lease %s (token %d, %s) granted at %s by the promoted standby, which had %s lease %s (token %d, %s) live until at least %s",
+						b.mode, b.id, b.token, b.worker, fmtUS(b.grantUS), a.mode, a.id, a.token, a.worker, fmtUS(until))})
+					continue
+				}
+			}
+			if end := a.heldUntil(); b.grantUS < end {
+				r.Overlaps++
+				r.LongestOverlap = max(r.LongestOverlap, time.Duration(end-b.grantUS)*time.Microsecond)
+			}
+		}
+	}
+}
+
+// checkEpoch checks S1 and S3 over the leases of key that one primary
+// granted, sorted by token.
+func (r *checkResult) checkEpoch(key string, ls []*leaseInfo) {
+	// S3: one lease per token.
+	for i := 1; i < len(ls); i++ {
+		if ls[i].token == ls[i-1].token {
+			r.add(Violation{RuleS3, key, fmt.Sprintf("token %d granted twice: lease %s (%s) and lease %s (%s)",
+				ls[i].token, ls[i-1].id, ls[i-1].worker, ls[i].id, ls[i].worker)})
+		}
+	}
+	// S1 and S3 order: walking in token order, a lease must be granted
+	// after every earlier conflicting lease stopped being live, and
+	// not before an earlier conflicting lease was granted.
+	var maxAll, maxX *leaseInfo // by liveUntil
+	var grantAll, grantX *leaseInfo
+	for _, b := range ls {
+		prev, prevGrant := maxX, grantX
+		if b.mode == "x" {
+			prev, prevGrant = maxAll, grantAll
+		}
+		// (A lease granted before prev is a token-order problem,
+		// reported below as S3.)
+		if prev != nil && prev.token < b.token && prev.grantUS <= b.grantUS && b.grantUS < prev.liveUntil() {
+			r.add(Violation{RuleS1, key, fmt.Sprintf("%s lease %s (token %d, %s) granted at %s while %s lease %s (token %d, %s) was live until at least %s",
+				b.mode, b.id, b.token, b.worker, fmtUS(b.grantUS), prev.mode, prev.id, prev.token, prev.worker, fmtUS(prev.liveUntil()))})
+		}
+		if prevGrant != nil && prevGrant.token < b.token && b.grantUS < prevGrant.grantUS {
+			r.add(Violation{RuleS3, key, fmt.Sprintf("token %d (lease %s) granted at %s, before token %d (lease %s) at %s",
+				b.token, b.id, fmtUS(b.grantUS), prevGrant.token, prevGrant.id, fmtUS(prevGrant.grantUS))})
+		}
+		if maxAll == nil || b.liveUntil() > maxAll.liveUntil() {
+			maxAll = b
+		}
+		if grantAll == nil || b.grantUS > grantAll.grantUS {
+			grantAll = b
+		}
+		if b.mode == "x" {
+			if maxX == nil || b.liveUntil() > maxX.liveUntil() {
+				maxX = b
+			}
+			if grantX == nil || b.grantUS > grantX.grantUS {
+				grantX = b
+			}
+		}
+	}
 }
 
 func fmtUS(us int64) string {

@@ -33,6 +33,16 @@
 // where no such cluster can be started. SQLite runs the workers on one WAL
 // file with the kill and stop faults.
 //
+// The promote fault (opt-in, PostgreSQL private cluster only: Config.Faults
+// must name it) gives the cluster an asynchronous hot standby at setup.
+// Once per run, at 20-40% of the fault phase, the driver waits until the
+// standby has replayed every commit acknowledged so far (the Synced
+// instant), cuts replication, lets the primary go on until it has made
+// more than 100 grants the standby never sees (at most 20 s), kills it,
+// promotes the standby and points the workers' proxy at it, cutting their
+// open connections. The run goes on there (a later restart restarts the
+// new primary). Its instants are in Report.Promotion and faults.jsonl.
+//
 // After the fault phase the driver continues stopped workers, restarts
 // killed ones, stops the workers' loops, and asks each worker in turn to
 // acquire every key with every Locker (the liveness probe).
@@ -64,6 +74,23 @@
 //     Locker within the longest TTL (a killed holder's lease blocks that
 //     long) plus one backoff step (MaxBackoff) plus a grace for a loaded
 //     machine (ProbeGrace); ErrReentrant within that time is retried.
+//
+// Across a promotion (the promote fault), S1 and S3 are checked among the
+// grants of each primary, and:
+//
+//   - S7: every token granted after the promotion exceeds every token
+//     granted on its key before it, the lost grants included.
+//   - The fenced-write checks (F1) run over the ledger the new primary has
+//     plus the acknowledged writes the promotion lost (a worker saw them
+//     accepted), ordered by primary, then by counter. Acknowledged writes
+//     missing after the promotion are violations only when acknowledged
+//     before Synced; later ones are counted as lost.
+//   - A lease from before the promotion that overlaps a conflicting one
+//     granted after it is S1 only when the standby is known to have had
+//     its row live then (granted or renewed before Synced, not released);
+//     otherwise it is counted apart, with the longest overlap (a holder of
+//     a lost grant trusts it until its next renewal: the documented
+//     residual risk of an asynchronous failover).
 //
 // Config.Broken makes one worker misbehave (unfenced writes past its lease,
 // or claiming another holder's lease) so tests can prove the checker fails.

@@ -1,8 +1,15 @@
 package chaos
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"database/sql"
+	"encoding/json"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -24,8 +31,27 @@ func (d *driver) faults(ctx context.Context) {
 	}
 	end := time.Now().Add(d.cfg.Duration)
 	lastRestart := time.Now().Add(-restartEvery / 2)
+	// The promotion is not drawn by weight: it happens once, at 20-40% of
+	// the fault phase, so the run goes on for a while on the new primary.
+	var promoteAt time.Time
+	for i, k := range kinds {
+		if k == FaultPromote {
+			kinds = append(kinds[:i:i], kinds[i+1:]...)
+			promoteAt = time.Now().Add(d.cfg.Duration * time.Duration(20+d.intN(21)) / 100)
+			break
+		}
+	}
 	for ctx.Err() == nil && time.Now().Before(end) {
 		sleepCtx(ctx, time.Duration(250+d.intN(650))*time.Millisecond)
+		if !promoteAt.IsZero() && !time.Now().Before(promoteAt) && d.restart.TryLock() {
+			promoteAt = time.Time{}
+			d.bg.Add(1)
+			go func() {
+				defer d.bg.Done()
+				defer d.restart.Unlock()
+				d.promote()
+			}()
+		}
 		if len(kinds) == 0 || !time.Now().Before(end) {
 			continue
 		}
@@ -185,7 +211,7 @@ func (d *driver) terminate(ctx context.Context) {
 	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	var n int
-	err := d.admin.QueryRowContext(tctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE $1 AND pid <> pg_backend_pid()) t`, pattern).Scan(&n)
+	err := d.adminDB().QueryRowContext(tctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE $1 AND pid <> pg_backend_pid()) t`, pattern).Scan(&n)
 	if err != nil {
 		return // the server may be restarting
 	}
@@ -211,4 +237,131 @@ func (d *driver) spike() {
 		}
 		d.px.SetDelay(0)
 	}()
+}
+
+// promotion is one failover to the standby (the promote fault), in local
+// wall time (Unix ns; the database's clock too, on this machine): the
+// standby had replayed every commit acknowledged before SyncedNS (0 when
+// that could not be made sure), replication was cut at CutNS, the primary
+// killed at KillNS, and the proxy re-pointed at the promoted standby at
+// SwitchNS. Every grant the old primary made has a database time before
+// SwitchNS, every grant of the new one after it.
+type promotion struct {
+	SyncedNS, CutNS, KillNS, SwitchNS int64
+}
+
+// promoteGrants is how many grants the old primary makes after the cut
+// before it is killed (at least), and promoteWait bounds the wait for
+// them.
+const (
+	promoteGrants = 101
+	promoteWait   = 20 * time.Second
+)
+
+// promote fails the cluster over to its standby: wait until the standby
+// has caught up (so every commit acknowledged before is on it), cut
+// replication, let the primary grant more than 100 leases the standby
+// never sees (counted in the workers' logs, for at most promoteWait),
+// kill the primary, promote the standby, and point the workers' proxy at
+// it, cutting their open connections. The caller holds d.restart.
+func (d *driver) promote() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var p promotion
+	d.logf("promote: waiting for the standby to catch up")
+	synced := time.Now().UnixNano()
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	err := d.standby.WaitCaughtUp(wctx)
+	wcancel()
+	if err != nil {
+		// Then no acknowledged commit is known to be on the standby: the
+		// checker counts every missing acknowledged write from before the
+		// switch as lost with the promotion.
+		d.problem("promote: the standby did not catch up before the cut: %v", err)
+	} else {
+		p.SyncedNS = synced
+	}
+	p.CutNS = time.Now().UnixNano()
+	if err := d.standby.CutReplication(); err != nil {
+		d.problem("promote: %v", err)
+		return
+	}
+	d.logFault("promote: replication cut", "", 0)
+	tail := grantTail{dir: d.dir, workers: d.cfg.Workers, since: p.CutNS, off: map[string]int64{}}
+	deadline := time.Now().Add(promoteWait)
+	for tail.count() < promoteGrants && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	d.logf("promote: %d grants logged since the cut; killing the primary", tail.n)
+	p.KillNS = time.Now().UnixNano()
+	d.cluster.Kill()
+	d.logFault("promote: primary killed", "", 0)
+	if err := d.standby.Promote(ctx); err != nil {
+		d.problem("promote: %v (server log: %s)", err, d.standby.LogPath())
+		return
+	}
+	db, err := sql.Open("pgx", d.standby.DSN())
+	if err != nil {
+		d.problem("promote: %v", err)
+		return
+	}
+	// Stamped before the proxy moves: no worker reaches the new primary
+	// before SwitchNS, and the old one was dead already.
+	p.SwitchNS = time.Now().UnixNano()
+	d.px.SetUpstream(d.standby.Addr())
+	d.px.Cut()
+	d.cluster = d.standby // under d.restart: a later restart restarts the new primary
+	d.adminMu.Lock()
+	old := d.admin
+	d.admin = db
+	d.adminMu.Unlock()
+	old.Close()
+	d.mu.Lock()
+	d.promotions = append(d.promotions, p)
+	d.mu.Unlock()
+	d.record(FaultPromote, "", time.Duration(p.SwitchNS-p.CutNS))
+	d.logf("promote: the standby is the primary (%d grants logged since the cut, %v after the kill)", tail.n, time.Duration(p.SwitchNS-p.KillNS).Round(time.Millisecond))
+}
+
+// grantTail counts the grants the workers logged that were made at or
+// after since (database time), reading only what their logs gained since
+// the last count.
+type grantTail struct {
+	dir     string
+	workers int
+	since   int64
+	off     map[string]int64
+	n       int
+}
+
+func (g *grantTail) count() int {
+	for i := 0; i < g.workers; i++ {
+		path := filepath.Join(g.dir, workerName(i)+".jsonl")
+		f, err := os.Open(path)
+		if err != nil {
+			continue
+		}
+		if _, err := f.Seek(g.off[path], io.SeekStart); err != nil {
+			f.Close()
+			continue
+		}
+		r := bufio.NewReader(f)
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				break // a torn last line is read again next time
+			}
+			g.off[path] += int64(len(line))
+			if !bytes.Contains(line, []byte(`"ev":"grant"`)) {
+				continue
+			}
+			var e event
+			// By database time, as the checker counts lost grants.
+			if json.Unmarshal(line, &e) == nil && e.Granted*1000 >= g.since {
+				g.n++
+			}
+		}
+		f.Close()
+	}
+	return g.n
 }

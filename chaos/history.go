@@ -18,7 +18,7 @@ func (d *driver) check(ctx context.Context) error {
 	// The server may still be coming back from a restart.
 	for attempt := 0; ; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		rows, err = q.readLedger(rctx, d.admin)
+		rows, err = q.readLedger(rctx, d.adminDB())
 		cancel()
 		if err == nil || attempt == 10 {
 			break
@@ -28,7 +28,9 @@ func (d *driver) check(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("chaos: read ledger: %w", err)
 	}
-	h := history{ledger: rows, stops: d.stops, probers: d.probers, keys: d.spec.Keys, lockers: d.cfg.Lockers}
+	d.mu.Lock()
+	h := history{ledger: rows, stops: d.stops, probers: d.probers, keys: d.spec.Keys, lockers: d.cfg.Lockers, promotions: d.promotions}
+	d.mu.Unlock()
 	for i := 0; i < d.cfg.Workers; i++ {
 		evs, bad, err := readEvents(filepath.Join(d.dir, workerName(i)+".jsonl"))
 		if err != nil {
@@ -53,6 +55,18 @@ func (d *driver) check(ctx context.Context) error {
 	r.Violations, r.ViolationsByRule, r.Stuck = res.Violations, res.ViolationsByRule, res.Stuck
 	if r.ViolationsByRule == nil {
 		r.ViolationsByRule = map[string]int{}
+	}
+	if len(h.promotions) > 0 {
+		p := h.promotions[0]
+		at := func(ns int64) time.Time {
+			if ns == 0 {
+				return time.Time{}
+			}
+			return time.Unix(0, ns)
+		}
+		r.Promotion = &PromotionReport{Synced: at(p.SyncedNS), Cut: at(p.CutNS), Killed: at(p.KillNS), Switched: at(p.SwitchNS),
+			GrantsLost: res.GrantsLost, AckedLost: res.AckedLost, TokensCompared: res.TokensCompared, S7: r.ViolationsByRule[RuleS7],
+			Refused: res.RefusedAcross, Overlaps: res.Overlaps, LongestOverlap: res.LongestOverlap, ClockTokens: res.ClockTokens}
 	}
 	return nil
 }

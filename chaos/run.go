@@ -34,10 +34,22 @@ const (
 	FaultLatency   = "latency"   // the TCP proxy delays every chunk by 50-400 ms for 0.5-2.5 s (PostgreSQL)
 	FaultCut       = "cut"       // the TCP proxy closes every open connection (PostgreSQL)
 	FaultRestart   = "restart"   // restart of the private cluster: fast (SIGINT) or immediate (SIGQUIT) shutdown, then start (PostgreSQL)
+	// FaultPromote fails the private cluster over to its asynchronous hot
+	// standby, once per run: replication is cut, the primary goes on
+	// granting (more than 100 grants that the standby never sees), then it
+	// is killed, the standby is promoted and the workers' proxy is
+	// re-pointed at it, its open connections cut (PostgreSQL, opt-in).
+	FaultPromote = "promote"
 )
 
+// DefaultFaults lists the fault kinds a run injects when Config.Faults is
+// nil (those its dialect supports). FaultPromote is not among them: it
+// needs a standby, and it loses acknowledged commits by design (see
+// Report.Promotion).
+var DefaultFaults = []string{FaultKill, FaultStop, FaultTerminate, FaultLatency, FaultCut, FaultRestart}
+
 // AllFaults lists every fault kind.
-var AllFaults = []string{FaultKill, FaultStop, FaultTerminate, FaultLatency, FaultCut, FaultRestart}
+var AllFaults = append(append([]string(nil), DefaultFaults...), FaultPromote)
 
 // Short and long forms of a run's fault phase.
 const (
@@ -65,9 +77,10 @@ type Config struct {
 	// Lockers is the number of Lockers per worker, each with its own TTL
 	// in MinTTL..MaxTTL (default 2, 1..8).
 	Lockers int
-	// Faults lists the fault kinds to inject (default: every kind the
-	// dialect supports; SQLite: kill and stop). Kinds that cannot run here
-	// are skipped with a reason in Report.Skipped.
+	// Faults lists the fault kinds to inject (default: DefaultFaults, the
+	// kinds the dialect supports; SQLite: kill and stop). Kinds that cannot
+	// run here are skipped with a reason in Report.Skipped. FaultPromote
+	// (PostgreSQL private cluster only) is opt-in.
 	Faults []string
 	// Seed makes the schedule of faults and workers' choices repeatable
 	// (default: random; the report prints it).
@@ -131,8 +144,46 @@ type Report struct {
 	// Problems are driver-side troubles (a worker that exited by itself,
 	// a fault that failed): not violations, but worth reading.
 	Problems []string
+	// Promotion is what the promote fault did and what the checker found
+	// across it (nil when no promotion happened).
+	Promotion *PromotionReport
 	// Dir is where the run's files are ("" when removed).
 	Dir string
+}
+
+// PromotionReport describes the run's failover to the standby (the
+// promote fault) and what the history shows across it.
+type PromotionReport struct {
+	// Synced: the standby had replayed everything the primary had
+	// acknowledged before this instant (zero when WaitCaughtUp failed);
+	// Cut: replication was cut; Killed: the primary was killed;
+	// Switched: the standby was promoted and the proxy re-pointed at it
+	// (local wall clock, the database's clock too: same machine).
+	Synced, Cut, Killed, Switched time.Time
+	// GrantsLost is the number of grants the old primary made after the
+	// cut (the standby never saw them); AckedLost the acknowledged writes
+	// missing on the new primary, acknowledged after Synced (lost with the
+	// promotion, not violations).
+	GrantsLost, AckedLost int
+	// TokensCompared is the number of grants after the promotion whose
+	// token was compared with the greatest token granted on its key
+	// before it (S7); S7 counts those that did not exceed it.
+	TokensCompared, S7 int
+	// Refused is the number of fenced writes refused (ErrLeaseLost) after
+	// the switch to holders of leases granted before it.
+	Refused int
+	// Overlaps counts pairs of conflicting leases, one granted before the
+	// promotion and one after, that overlapped (the holder of a lease the
+	// new primary never saw, or whose renewal it never saw, kept trusting
+	// it until its next renewal or its expiry): the residual risk of an
+	// asynchronous promotion, not S1 violations. LongestOverlap is the
+	// longest of them.
+	Overlaps       int
+	LongestOverlap time.Duration
+	// ClockTokens reports whether every token granted after the promotion
+	// is at least the database clock in µs at its grant (the hybrid-clock
+	// tokens that make S7 hold).
+	ClockTokens bool
 }
 
 // ViolationCount is the number of violations found.
@@ -177,6 +228,16 @@ func (r *Report) String() string {
 	}
 	for _, s := range r.Stuck {
 		fmt.Fprintf(&b, "  stuck %s\n", s)
+	}
+	if p := r.Promotion; p != nil {
+		synced := "the standby not known to have caught up"
+		if !p.Synced.IsZero() {
+			synced = fmt.Sprintf("%v after the standby caught up", p.Cut.Sub(p.Synced).Round(time.Millisecond))
+		}
+		fmt.Fprintf(&b, "  promotion: replication cut (%s), primary killed %v later, standby serving %v after the kill\n",
+			synced, p.Killed.Sub(p.Cut).Round(time.Millisecond), p.Switched.Sub(p.Killed).Round(time.Millisecond))
+		fmt.Fprintf(&b, "  promotion: grants lost %d, acknowledged writes lost %d, tokens compared %d, S7 violations %d (clock tokens: %v), fenced writes refused %d, overlaps across the promotion %d (longest %v)\n",
+			p.GrantsLost, p.AckedLost, p.TokensCompared, p.S7, p.ClockTokens, p.Refused, p.Overlaps, p.LongestOverlap.Round(time.Millisecond))
 	}
 	for _, p := range r.Problems {
 		fmt.Fprintf(&b, "  problem: %s\n", p)
@@ -245,7 +306,7 @@ func (c *Config) fill() error {
 		return configErr("lockers", fmt.Sprint(c.Lockers), "1..8")
 	}
 	if c.Faults == nil {
-		c.Faults = AllFaults
+		c.Faults = DefaultFaults
 		if c.Dialect == "sqlite" {
 			c.Faults = []string{FaultKill, FaultStop}
 		}
@@ -321,11 +382,22 @@ type driver struct {
 	faultLog *os.File
 
 	// PostgreSQL
-	cluster *pgcluster.Cluster
+	cluster *pgcluster.Cluster // the primary (the promoted standby after the promote fault)
+	standby *pgcluster.Cluster // for the promote fault
 	px      *pgcluster.Proxy
-	admin   *sql.DB
-	restart sync.Mutex
-	latency sync.Mutex
+	adminMu sync.Mutex
+	admin   *sql.DB    // to the primary (adminDB)
+	restart sync.Mutex // held by a restart or a promotion of the cluster
+
+	promotions []promotion // under mu
+	latency    sync.Mutex
+}
+
+// adminDB returns the driver's pool to the primary.
+func (d *driver) adminDB() *sql.DB {
+	d.adminMu.Lock()
+	defer d.adminMu.Unlock()
+	return d.admin
 }
 
 // intN, int64N and uint64 draw from the run's seeded generator.
@@ -490,7 +562,7 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 	dl, driverName, _ := dialectOf(d.cfg.Dialect)
 	switch d.cfg.Dialect {
 	case "sqlite":
-		for _, f := range []string{FaultTerminate, FaultLatency, FaultCut, FaultRestart} {
+		for _, f := range []string{FaultTerminate, FaultLatency, FaultCut, FaultRestart, FaultPromote} {
 			if enabled[f] {
 				d.report.Skipped[f] = "no server connection on SQLite (several processes share one WAL file)"
 			}
@@ -507,6 +579,9 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 			}
 			if enabled[FaultRestart] {
 				d.report.Skipped[FaultRestart] = "no private cluster (" + cerr.Error() + "); the shared server is never restarted"
+			}
+			if enabled[FaultPromote] {
+				d.report.Skipped[FaultPromote] = "no private cluster (" + cerr.Error() + "); the shared server is never failed over"
 			}
 			adminDSN = d.cfg.PostgresDSN
 			schema = "sqlease_t_chaos_" + randHex(4)
@@ -533,7 +608,7 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 		return cleanup, err
 	}
 	d.admin = db
-	undo = append(undo, func() { db.Close() })
+	undo = append(undo, func() { d.adminDB().Close() })
 	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	if schema != "" {
@@ -563,6 +638,22 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 		keys[i] = fmt.Sprintf("chaos/k%d", i)
 		if _, err := db.ExecContext(sctx, q.seed, keys[i]); err != nil {
 			return cleanup, fmt.Errorf("chaos: seed counter: %w", err)
+		}
+	}
+	if enabled[FaultPromote] && d.cluster != nil {
+		if why := pgcluster.ReplicationUnavailable(); why != "" {
+			d.report.Skipped[FaultPromote] = why
+		} else {
+			// A hot standby streaming asynchronously from the primary,
+			// through a proxy of its own (CutReplication); it has the
+			// schema and the ledger already, or will once it replays.
+			d.logf("starting a hot standby for the promote fault")
+			st, err := pgcluster.StartStandby(sctx, d.cluster, "chaos_standby")
+			if err != nil {
+				return cleanup, fmt.Errorf("chaos: start a standby for the promote fault: %w", err)
+			}
+			d.standby = st
+			undo = append(undo, st.Remove)
 		}
 	}
 	d.spec = workerSpec{Dialect: d.cfg.Dialect, DSN: workerDSN, Schema: schema, Keys: keys, MaxBackoff: d.cfg.MaxBackoff,

@@ -31,7 +31,7 @@ func setupChaos(fs *flag.FlagSet, stdout, stderr io.Writer) func(context.Context
 	fs.IntVar(&cfg.Workers, "workers", 4, "number of worker processes (`N`, 2..32)")
 	fs.IntVar(&cfg.Keys, "keys", 3, "number of keys the workers contend on (`N`, 1..64)")
 	fs.IntVar(&cfg.Lockers, "lockers", 2, "Lockers per worker, each with its own TTL in 300ms..2s (`N`, 1..8)")
-	fs.StringVar(&faults, "faults", "", "comma-separated fault `KINDS` to inject, or none (default: all the dialect supports: "+strings.Join(chaos.AllFaults, ",")+")")
+	fs.StringVar(&faults, "faults", "", "comma-separated fault `KINDS` to inject, or none (default: all the dialect supports of "+strings.Join(chaos.DefaultFaults, ",")+"; also "+chaos.FaultPromote+", PostgreSQL only, opt-in: fail the private cluster over to an asynchronous standby once, with grants lost)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "`SEED` of the fault schedule and the workers' choices (default: random, printed)")
 	fs.StringVar(&cfg.Dir, "dir", "", "keep worker logs and the SQLite file in `DIR` (default: a temporary directory, kept only when the run fails)")
 	fs.StringVar(&cfg.PostgresDSN, "dsn", "", "PostgreSQL `DSN` on 127.0.0.1 to use when no private cluster can be started (no server binaries or no OS user postgres); the restart fault is then skipped (default $SQLEASE_DSN)")
