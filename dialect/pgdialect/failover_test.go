@@ -49,6 +49,18 @@ func foPrimary(t *testing.T, ctx context.Context) *pgcluster.Cluster {
 	return c
 }
 
+// foSyncPrimary starts a primary whose commits wait (synchronous_commit
+// on) for the standby named "standby1" (foStandby's).
+func foSyncPrimary(t *testing.T, ctx context.Context) *pgcluster.Cluster {
+	t.Helper()
+	c, err := pgcluster.New(ctx, pgcluster.Config{SynchronousStandby: "standby1", SynchronousCommit: "on"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Remove)
+	return c
+}
+
 func foStandby(t *testing.T, ctx context.Context, primary *pgcluster.Cluster) *pgcluster.Cluster {
 	t.Helper()
 	s, err := pgcluster.StartStandby(ctx, primary, "standby1")
@@ -385,11 +397,7 @@ func foOpenCancelRequest(t *testing.T, dsn string) *sql.DB {
 func foSyncStall(t *testing.T, open func(*testing.T, string) *sql.DB) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p, err := pgcluster.New(ctx, pgcluster.Config{SynchronousStandby: "standby1", SynchronousCommit: "on"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Remove)
+	p := foSyncPrimary(t, ctx)
 	s := foStandby(t, ctx, p)
 	pdb := open(t, p.DSN())
 	if _, err := migrate.Up(ctx, pdb, pgdialect.New()); err != nil {
@@ -468,11 +476,7 @@ func TestMultiHostDSNFollowsPromotion(t *testing.T) {
 	foNeed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p, err := pgcluster.New(ctx, pgcluster.Config{SynchronousStandby: "standby1", SynchronousCommit: "on"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Remove)
+	p := foSyncPrimary(t, ctx)
 	s := foStandby(t, ctx, p)
 	dsn := fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2", p.Addr(), s.Addr())
 	db := foOpen(t, dsn)
