@@ -51,21 +51,20 @@ func viaBun(bunDialect func() schema.Dialect) func(context.Context, *sql.DB, dia
 	}
 }
 
-// TestConformanceSQLite runs the whole SPEC suite on SQLite files with
-// every Locker built by bunlock.New over a bun.DB.
+// TestConformanceSQLite runs the adapter smoke cases of the conformance
+// suite (conftest.AdapterSmoke, which says which and why) on SQLite files
+// with every Locker built by bunlock.New over a bun.DB. The whole suite runs
+// in the dialect packages.
 func TestConformanceSQLite(t *testing.T) {
 	if conformance.IsChild() {
 		conformance.Run(t, conformance.Config{}) // exits: the child needs no config (and no temp dir left behind)
 	}
 	cfg := conftest.SQLiteDriver(t.TempDir(), "sqlite3")
-	// The adapters change only how a Locker is built: the long stress and
-	// churn cases run at full length in the dialect packages.
-	cfg.Short = true
 	cfg.NewLocker = viaBun(func() schema.Dialect { return bunsqlite.New() })
-	conformance.Run(t, cfg)
+	conformance.RunCases(t, cfg, conftest.AdapterSmoke...)
 }
 
-// TestConformancePostgres runs the whole SPEC suite on PostgreSQL (when
+// TestConformancePostgres runs the adapter smoke cases on PostgreSQL (when
 // SQLEASE_POSTGRES_DSN is set) with every Locker built by bunlock.New over a
 // bun.DB with bun's pgdialect.
 func TestConformancePostgres(t *testing.T) {
@@ -73,11 +72,8 @@ func TestConformancePostgres(t *testing.T) {
 		conformance.Run(t, conformance.Config{})
 	}
 	cfg := conftest.Postgres(conftest.PostgresDSN(t))
-	// The adapters change only how a Locker is built: the long stress and
-	// churn cases run at full length in the dialect packages.
-	cfg.Short = true
 	cfg.NewLocker = viaBun(func() schema.Dialect { return bunpg.New() })
-	conformance.Run(t, cfg)
+	conformance.RunCases(t, cfg, conftest.AdapterSmoke...)
 }
 
 // backend is one real database for the adapter tests: a SQLite file, or a
