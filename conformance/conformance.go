@@ -97,7 +97,8 @@ type Config struct {
 	// NewDatabase prepares an empty, isolated database for the case name.
 	NewDatabase func(ctx context.Context, caseName string) (Database, error)
 	// NewLocker builds a Locker; nil means lock.New. Adapters (bunlock,
-	// sqlxlock) plug their constructor in here to run the whole suite.
+	// sqlxlock) plug their constructor in here to run cases through it
+	// (RunCases with conftest.AdapterSmoke).
 	NewLocker func(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...lock.Option) (*lock.Locker, error)
 	// Short shortens stress cases (seconds instead of many seconds).
 	Short bool
@@ -155,6 +156,35 @@ func Run(t *testing.T, cfg Config) {
 		t.Fatal(err)
 	}
 	for _, c := range Cases() {
+		t.Run(c.Name, func(t *testing.T) {
+			t.Parallel()
+			RunCase(t, cfg, c)
+		})
+	}
+}
+
+// RunCases is Run for the named cases only (exact names, as Cases lists
+// them), for tests that need a few cases rather than the suite: adapters
+// that change only how a Locker is built, say. A name that matches no case
+// fails t, so a renamed case cannot silently drop out of such a list.
+func RunCases(t *testing.T, cfg Config, names ...string) {
+	t.Helper()
+	if IsChild() {
+		os.Exit(ChildMain())
+	}
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	byName := make(map[string]Case)
+	for _, c := range Cases() {
+		byName[c.Name] = c
+	}
+	for _, n := range names {
+		c, ok := byName[n]
+		if !ok {
+			t.Errorf("conformance: no case named %q", n)
+			continue
+		}
 		t.Run(c.Name, func(t *testing.T) {
 			t.Parallel()
 			RunCase(t, cfg, c)

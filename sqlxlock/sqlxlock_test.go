@@ -43,21 +43,20 @@ func viaSqlx(driver string) func(context.Context, *sql.DB, dialect.Dialect, ...l
 	}
 }
 
-// TestConformanceSQLite runs the whole SPEC suite on SQLite files with
-// every Locker built by sqlxlock.New over a "sqlite3" sqlx.DB.
+// TestConformanceSQLite runs the adapter smoke cases of the conformance
+// suite (conftest.AdapterSmoke, which says which and why) on SQLite files
+// with every Locker built by sqlxlock.New over a "sqlite3" sqlx.DB. The
+// whole suite runs in the dialect packages.
 func TestConformanceSQLite(t *testing.T) {
 	if conformance.IsChild() {
 		conformance.Run(t, conformance.Config{}) // exits: the child needs no config (and no temp dir left behind)
 	}
 	cfg := conftest.SQLiteDriver(t.TempDir(), "sqlite3")
-	// The adapters change only how a Locker is built: the long stress and
-	// churn cases run at full length in the dialect packages.
-	cfg.Short = true
 	cfg.NewLocker = viaSqlx("sqlite3")
-	conformance.Run(t, cfg)
+	conformance.RunCases(t, cfg, conftest.AdapterSmoke...)
 }
 
-// TestConformancePostgres runs the whole SPEC suite on PostgreSQL (when
+// TestConformancePostgres runs the adapter smoke cases on PostgreSQL (when
 // SQLEASE_POSTGRES_DSN is set) with every Locker built by sqlxlock.New over
 // a "pgx" sqlx.DB.
 func TestConformancePostgres(t *testing.T) {
@@ -65,11 +64,8 @@ func TestConformancePostgres(t *testing.T) {
 		conformance.Run(t, conformance.Config{})
 	}
 	cfg := conftest.Postgres(conftest.PostgresDSN(t))
-	// The adapters change only how a Locker is built: the long stress and
-	// churn cases run at full length in the dialect packages.
-	cfg.Short = true
 	cfg.NewLocker = viaSqlx("pgx")
-	conformance.Run(t, cfg)
+	conformance.RunCases(t, cfg, conftest.AdapterSmoke...)
 }
 
 // backend is one real database: a SQLite file, or a fresh schema in the
