@@ -262,3 +262,71 @@ func TestFailoverPauseNoOverlap_MySQL(t *testing.T) {
 	_ = nh.Release(ctx)
 	_ = survivor.Release(ctx)
 }
+
+// TestFailoverPauseMigration3DownUp_MySQL: Down from 00003 removes the
+// epoch table and {primary_seen} and restores 00002's acquire procedure
+// (which grants on a namespace whose pause was on); Up again installs the
+// pause, off until a Locker turns it on.
+func TestFailoverPauseMigration3DownUp_MySQL(t *testing.T) {
+	if conformance.IsChild() {
+		t.Skip("child process")
+	}
+	ctx := t.Context()
+	db, ns, p := tokenSchema(t, "sqlease_pause_m3_", 0)
+	d := mysqldialect.New()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	seePrimary := "CALL " + ns.Object(d, "primary_seen") + "(?)"
+	var until, now int64
+	if err := conn.QueryRowContext(ctx, seePrimary, 5_000_000).Scan(&until, &now); err != nil {
+		t.Fatal(err)
+	}
+	if until != 5_000_000 {
+		t.Errorf("first primary_seen(5 s): until %d, want 5000000 (since 0: the first server is not paused)", until)
+	}
+	tok := callAcquire(t, conn, ns, "m")
+	if _, err := conn.ExecContext(ctx, "UPDATE "+ns.Object(d, "epoch")+" SET server = 'another'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.DownTo(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := conn.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = 'sqlease_epoch')
+		+ (SELECT COUNT(*) FROM information_schema.routines WHERE routine_schema = ? AND routine_name = 'sqlease_primary_seen')`, ns.Schema, ns.Schema).Scan(&n); err != nil || n != 0 {
+		t.Errorf("after Down to 00002: %d epoch tables and primary_seen procedures left, %v", n, err)
+	}
+	again := callAcquire(t, conn, ns, "m") // 00002's procedure: no pause
+	if again <= tok {
+		t.Errorf("after Down to 00002: token %d, want > %d", again, tok)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if tok = callAcquire(t, conn, ns, "m"); tok <= again {
+		t.Errorf("after Up again: token %d, want > %d", tok, again)
+	}
+	// A second call with a larger pause raises it; a smaller one leaves it;
+	// the same server keeps since_us.
+	for _, c := range []struct{ pause, want int64 }{{2_000_000, 2_000_000}, {4_000_000, 4_000_000}, {1_000_000, 4_000_000}} {
+		if err := conn.QueryRowContext(ctx, seePrimary, c.pause).Scan(&until, &now); err != nil {
+			t.Fatal(err)
+		}
+		if until != c.want {
+			t.Errorf("primary_seen(%d): until %d, want %d", c.pause, until, c.want)
+		}
+	}
+	// Another server recorded: the next call records this one, from now.
+	if _, err := conn.ExecContext(ctx, "UPDATE "+ns.Object(d, "epoch")+" SET server = 'another'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRowContext(ctx, seePrimary, 0).Scan(&until, &now); err != nil {
+		t.Fatal(err)
+	}
+	if until != now+4_000_000 {
+		t.Errorf("primary_seen(0) on a server the row does not name: until %d, want now %d + 4 s", until, now)
+	}
+}
