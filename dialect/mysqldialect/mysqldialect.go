@@ -10,9 +10,14 @@
 // counter, which persists across restarts and belongs to no row, and the
 // database clock in microseconds, so tokens never go back after a failover
 // to a replica that lost grants or a restore of an old dump (SPEC S3, S5,
-// S7; migration 00002). Times are read from
-// UTC_TIMESTAMP(6) in a statement of their own after every lock wait,
-// because MySQL evaluates it once per statement, at its start (SPEC S2).
+// S7; migration 00002). The failover pause (lock.WithFailoverPause, SPEC
+// S7; migration 00003) keeps the server the namespace last saw in a
+// one-row table, named by @@server_id with @@server_uuid (MySQL 8) or
+// @@hostname:@@port (MariaDB): the acquire procedure grants nothing on
+// another server until the pause after it was first seen has ended. Times
+// are read from UTC_TIMESTAMP(6) in a statement of their own after every
+// lock wait, because MySQL evaluates it once per statement, at its start
+// (SPEC S2).
 //
 // InnoDB has no FOR KEY SHARE, so the expiry of a lease lives in a table of
 // its own: a fenced transaction holds the lease's holder row in share mode
