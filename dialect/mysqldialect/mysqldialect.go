@@ -10,9 +10,14 @@
 // counter, which persists across restarts and belongs to no row, and the
 // database clock in microseconds, so tokens never go back after a failover
 // to a replica that lost grants or a restore of an old dump (SPEC S3, S5,
-// S7; migration 00002). Times are read from
-// UTC_TIMESTAMP(6) in a statement of their own after every lock wait,
-// because MySQL evaluates it once per statement, at its start (SPEC S2).
+// S7; migration 00002). The failover pause (lock.WithFailoverPause, SPEC
+// S7; migration 00003) keeps the server the namespace last saw in a
+// one-row table, named by @@server_id with @@server_uuid (MySQL 8) or
+// @@hostname:@@port (MariaDB): the acquire procedure grants nothing on
+// another server until the pause after it was first seen has ended. Times
+// are read from UTC_TIMESTAMP(6) in a statement of their own after every
+// lock wait, because MySQL evaluates it once per statement, at its start
+// (SPEC S2).
 //
 // InnoDB has no FOR KEY SHARE, so the expiry of a lease lives in a table of
 // its own: a fenced transaction holds the lease's holder row in share mode
@@ -216,7 +221,8 @@ const (
 // statement timeouts, interruption and shutdown, a connection refused for
 // too many connections (1040, 1203, 1226), a lost connection and any error with
 // SQLSTATE 40001 are retryable; a duplicate key is a conflict; an
-// unknown table, database or procedure means the schema is not migrated.
+// unknown table, database or procedure means the schema is not migrated;
+// SQLSTATE SL002 (SQLStateFailoverPause) is ErrorFailoverPause.
 func (Dialect) Classify(err error) dialect.ErrorClass {
 	if err == nil {
 		return dialect.ErrorOther
@@ -233,8 +239,11 @@ func (Dialect) Classify(err error) dialect.ErrorClass {
 		case errNoSuchTable, errBadDB, errNoSuchProc:
 			return dialect.ErrorUndefinedTable
 		}
-		if string(me.SQLState[:]) == "40001" {
+		switch string(me.SQLState[:]) {
+		case "40001":
 			return dialect.ErrorRetryable
+		case SQLStateFailoverPause:
+			return dialect.ErrorFailoverPause
 		}
 		return dialect.ErrorOther
 	}
@@ -286,10 +295,16 @@ const primaryQuery = `SELECT IF(@@global.read_only, 1, 0) AS read_only,
     ELSE ''
   END AS reason`
 
+// SQLStateFailoverPause is the SQLSTATE a grant fails with (SIGNAL in the
+// acquire procedure, error number 1644), having written nothing, on a
+// server inside its failover pause (migration 00003; SPEC S7).
+const SQLStateFailoverPause = "SL002"
+
 // Statements returns the MySQL statement templates.
 func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
 		Primary:     primaryQuery,
+		SeePrimary:  `CALL {primary_seen}(@pause_us)`,
 		Acquire:     []string{`CALL {acquire}(@key, @mode, @lease_id, @owner, @ttl_us, @marker_us, @watch_us)`},
 		Renew:       `CALL {renew}(@lease_id, @token, @ttl_us)`,
 		Release:     `CALL {release}(@lease_id, @token)`,
