@@ -929,3 +929,81 @@ func TestSemiSyncTimeoutFallsBackToAsync_MySQL(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestSemiSyncDriverDeadline_MySQL: what go-sql-driver/mysql (v1.10.1)
+// does when a context deadline passes while the primary waits for a
+// semi-sync acknowledgement (the replica's I/O thread stopped,
+// rpl_semi_sync_master_timeout 60 s). The driver watches the context from
+// the moment it sends a statement until it has returned the statement's
+// result (or error); when the context ends meanwhile it closes the
+// connection (no KILL QUERY: the server thread keeps waiting, the commit
+// stands) and returns the context's error. Once QueryContext has returned
+// rows, mysqlRows.Close stops watching (it calls finish first) and then
+// reads the rest of the reply with no deadline but the DSN's readTimeout.
+// So, for a CALL with a 300 ms deadline:
+//
+//   - SELECT after COMMIT: the acknowledgement wait comes before the first
+//     result packet, and the call fails at its deadline with
+//     context.DeadlineExceeded;
+//   - result before COMMIT (sqlease's acquire and renew procedures),
+//     drained with Rows.NextResultSet before Close: the same, since the
+//     final OK packet is read while the context is watched;
+//   - result before COMMIT read with Next and Close only (database/sql's
+//     QueryRow, the engine's eachRow): the row arrives at once, Close waits
+//     for the acknowledgement (here until the I/O thread is restarted,
+//     1.5 s later) and the call succeeds after its deadline, which the
+//     engine reports as an unknown outcome (errUnconfirmed).
+func TestSemiSyncDriverDeadline_MySQL(t *testing.T) {
+	ctx := t.Context()
+	primary, replica := startPair(t, semiSync(60*time.Second))
+	primary.Exec("CREATE TABLE p (id INT PRIMARY KEY)",
+		"CREATE PROCEDURE result_after_commit(IN v INT) BEGIN START TRANSACTION; INSERT INTO p VALUES (v); COMMIT; SELECT v AS r; END",
+		"CREATE PROCEDURE result_before_commit(IN v INT) BEGIN START TRANSACTION; INSERT INTO p VALUES (v); SELECT v AS r; COMMIT; END",
+	)
+	db, err := sql.Open("mysql", primary.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	replica.Exec("STOP SLAVE IO_THREAD")
+	const deadline = 300 * time.Millisecond
+	call := func(i int, proc string, drain bool) (time.Duration, error) {
+		c, cancel := context.WithTimeout(ctx, deadline)
+		defer cancel()
+		start := time.Now()
+		rows, err := db.QueryContext(c, "CALL "+proc+"(?)", i)
+		if err != nil {
+			return time.Since(start), err
+		}
+		for rows.Next() {
+		}
+		if drain {
+			for rows.NextResultSet() {
+				for rows.Next() {
+				}
+			}
+		}
+		err = rows.Err()
+		if e := rows.Close(); err == nil {
+			err = e
+		}
+		return time.Since(start), err
+	}
+	for i, c := range []struct {
+		proc  string
+		drain bool
+	}{{"result_after_commit", false}, {"result_before_commit", true}} {
+		took, err := call(i+1, c.proc, c.drain)
+		t.Logf("CALL %s, drained with NextResultSet %v, deadline %s: %v after %s", c.proc, c.drain, deadline, err, took.Round(time.Millisecond))
+		if !errors.Is(err, context.DeadlineExceeded) || took > deadline+500*time.Millisecond {
+			t.Errorf("CALL %s (drained %v): %v after %s, want context.DeadlineExceeded at the deadline", c.proc, c.drain, err, took)
+		}
+	}
+	restart := time.AfterFunc(1500*time.Millisecond, func() { _, _ = replica.DB.ExecContext(ctx, "START SLAVE IO_THREAD") })
+	defer restart.Stop()
+	took, err := call(3, "result_before_commit", false)
+	t.Logf("CALL result_before_commit, read with Next and Close, deadline %s: %v after %s (the I/O thread restarted at 1.5 s)", deadline, err, took.Round(time.Millisecond))
+	if err != nil || took < time.Second {
+		t.Errorf("CALL result_before_commit with Next and Close: %v after %s; want success once acknowledged, past the deadline (if go-sql-driver now watches the context in Close, update the comments of this test and of TestSemiSyncStallLosesNothingAcknowledged_MySQL)", err, took)
+	}
+}
