@@ -611,7 +611,8 @@ func semiSyncLocker(t *testing.T, primary *mariaServer, ttl time.Duration) (*loc
 	}
 	t.Cleanup(func() { renewDB.Close() })
 	ev := make(leaseEvents, 1024)
-	l, err := lock.New(t.Context(), db, d, lock.WithTTL(ttl), lock.WithObserver(ev), lock.WithRenewDB(renewDB))
+	// A short release timeout: the last release goes to the dead primary.
+	l, err := lock.New(t.Context(), db, d, lock.WithTTL(ttl), lock.WithObserver(ev), lock.WithRenewDB(renewDB), lock.WithReleaseTimeout(500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
