@@ -1008,3 +1008,74 @@ func TestSemiSyncDriverDeadline_MySQL(t *testing.T) {
 		t.Errorf("CALL result_before_commit with Next and Close: %v after %s; want success once acknowledged, past the deadline (if go-sql-driver now watches the context in Close, update the comments of this test and of TestSemiSyncStallLosesNothingAcknowledged_MySQL)", err, took)
 	}
 }
+
+// TestSemiSyncAfterFallbackGrantsAreAsync_MySQL: a timeout longer than the
+// renew timeout and the acquire's statement bound protects the statements
+// in flight during an acknowledgement stall, not those after it. Semi-sync
+// with rpl_semi_sync_master_timeout 1.5 s (> renew timeout 600 ms), the
+// replica's I/O thread stopped: an application's INSERT (no deadline) waits
+// the 1.5 s and the primary falls back to asynchronous replication
+// (Rpl_semi_sync_master_status OFF, until the replica reconnects and
+// catches up). A TryAcquire then is granted at once, without the replica;
+// after the primary is killed and the replica promoted, the grant is gone
+// and the new primary grants its key to another holder while the first
+// still trusts its lease. So semi-sync keeps acknowledged grants only while
+// the primary stays semi-synchronous: a failover must not promote a
+// replica that was behind while the primary ran in fallback.
+func TestSemiSyncAfterFallbackGrantsAreAsync_MySQL(t *testing.T) {
+	ctx := t.Context()
+	const ttl = 3 * time.Second
+	const timeout = 1500 * time.Millisecond
+	const key = "semisync-after-fallback"
+	primary, replica := startPair(t, semiSync(timeout))
+	l, _ := semiSyncLocker(t, primary, ttl)
+	primary.Exec("CREATE TABLE semisync_app (id INT PRIMARY KEY)")
+	replica.Exec("STOP SLAVE IO_THREAD")
+
+	start := time.Now()
+	primary.Exec("INSERT INTO semisync_app VALUES (1)")
+	took := time.Since(start)
+	status, no := statusVar(t, primary, "Rpl_semi_sync_master_status"), statusVar(t, primary, "Rpl_semi_sync_master_no_tx")
+	t.Logf("an application INSERT during the stall answered after %s; Rpl_semi_sync_master_status %s, no_tx %s", took.Round(time.Millisecond), status, no)
+	if took < timeout || status != "OFF" {
+		t.Fatalf("the INSERT took %s and semi-sync is %s; want the %s timeout and OFF", took, status, timeout)
+	}
+
+	start = time.Now()
+	B, err := l.TryAcquire(ctx, key, lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took = time.Since(start)
+	t.Logf("TryAcquire after the fallback: granted in %s (token %d), no_tx %s; B trusted for %s",
+		took.Round(time.Millisecond), B.Token(), statusVar(t, primary, "Rpl_semi_sync_master_no_tx"), B.Remaining().Round(time.Millisecond))
+	if took > timeout {
+		t.Errorf("the grant after the fallback took %s: it waited for an ack", took)
+	}
+
+	primary.Kill()
+	promote(t, replica)
+	if _, _, ok := leaseRow(t, replica.DB, B.LeaseID()); ok {
+		t.Fatalf("B's row reached the replica, whose I/O thread was stopped")
+	}
+	l2, err := lock.New(ctx, replica.DB, mysqldialect.New(), lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close(context.Background())
+	n, err := l2.TryAcquire(ctx, key, lock.Exclusive)
+	if err != nil {
+		t.Fatalf("TryAcquire of %q on the new primary: %v", key, err)
+	}
+	rem := B.Remaining()
+	t.Logf("the new primary granted %q (token %d) while B trusted its lease for %s more", key, n.Token(), rem.Round(time.Millisecond))
+	if rem <= 0 {
+		t.Errorf("B's window had ended when the new primary granted its key: no overlap shown")
+	}
+	if n.Token() <= B.Token() {
+		t.Errorf("token after the failover %d, want > %d", n.Token(), B.Token())
+	}
+	if err := n.Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
