@@ -659,7 +659,10 @@ func semiSyncLocker(t *testing.T, primary *mariaServer, ttl time.Duration) (*loc
 // The primary is killed (SIGKILL) and the replica promoted: L's row is
 // there, with an expiry no earlier than the end of L's trusted window, the
 // failed acquire's grant is not, and tokens granted on the new primary
-// exceed every token granted before, on both keys.
+// exceed every token granted before, on both keys. This holds while the
+// primary is still semi-synchronous: once any transaction has waited out
+// rpl_semi_sync_master_timeout, what it commits is asynchronous
+// (TestSemiSyncAfterFallbackGrantsAreAsync_MySQL).
 func TestSemiSyncStallLosesNothingAcknowledged_MySQL(t *testing.T) {
 	ctx := t.Context()
 	const ttl = 3 * time.Second
