@@ -267,11 +267,14 @@ func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
 	defer leave()
 	send := time.Now()
 	var exp, now int64
-	err = db.QueryRowContext(rctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+	err = queryOne(rctx, db, l.st.renew.SQL, l.st.renew.Args(map[string]any{
 		"lease_id": le.id, "token": le.token, "ttl_us": l.cfg.ttl.Microseconds(),
-	})...).Scan(&exp, &now)
+	}), &exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return errRenewNotFound
+	}
+	if err == nil && rctx.Err() != nil {
+		err = errUnconfirmed
 	}
 	if err != nil {
 		return err

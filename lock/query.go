@@ -68,7 +68,8 @@ func queryConn(ctx context.Context, conn *sql.Conn, q string, args []any, each f
 	return eachRow(rows, each)
 }
 
-// eachRow calls each for every row of rows and closes them.
+// eachRow calls each for every row of rows and closes them. It reads the
+// rest of the statement's reply (drainResults) before Close.
 func eachRow(rows *sql.Rows, each func(rowScanner) error) error {
 	defer rows.Close()
 	for rows.Next() {
@@ -76,10 +77,49 @@ func eachRow(rows *sql.Rows, each func(rowScanner) error) error {
 			return err
 		}
 	}
+	drainResults(rows)
 	if err := rows.Err(); err != nil {
 		return err
 	}
 	return rows.Close()
+}
+
+// drainResults reads the result sets left after the rows read, while the
+// statement's context still bounds the read. A stored procedure that
+// returns its rows before its COMMIT answers last with the commit's status;
+// go-sql-driver/mysql reads that part at Close without the context, so a
+// commit waiting for a semi-synchronous replica's acknowledgement would
+// hold the caller past its deadline (SPEC H9). An error ends the draining
+// and is left in rows.Err.
+func drainResults(rows *sql.Rows) {
+	for rows.NextResultSet() {
+		for rows.Next() {
+		}
+	}
+}
+
+// queryOne runs q on db and scans its one row into dest, as QueryRowContext
+// does, but reads the rest of the reply under ctx (drainResults). No row is
+// sql.ErrNoRows.
+func queryOne(ctx context.Context, db interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, q string, args []any, dest ...any) error {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	found := false
+	err = eachRow(rows, func(r rowScanner) error {
+		if found {
+			return nil
+		}
+		found = true
+		return r.Scan(dest...)
+	})
+	if err == nil && !found {
+		err = sql.ErrNoRows
+	}
+	return err
 }
 
 // namedValues converts args as database/sql does for a connection: the
@@ -130,7 +170,7 @@ func readRows(rows driver.Rows, each func(rowScanner) error) (err error) {
 	for {
 		if err := rows.Next(r.vals); err != nil {
 			if err == io.EOF {
-				return nil
+				return drainDriverResults(rows, r.vals)
 			}
 			return err
 		}
@@ -138,6 +178,23 @@ func readRows(rows driver.Rows, each func(rowScanner) error) (err error) {
 			return err
 		}
 	}
+}
+
+// drainDriverResults is drainResults for a driver's rows: it reads the
+// result sets left, with vals as scratch space.
+func drainDriverResults(rows driver.Rows, vals []driver.Value) error {
+	rs, ok := rows.(driver.RowsNextResultSet)
+	for ok && rs.HasNextResultSet() {
+		if err := rs.NextResultSet(); err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+		for rows.Next(vals) == nil {
+		}
+	}
+	return nil
 }
 
 // driverRow is the current row of a driver.Rows. Its values may point into

@@ -340,9 +340,9 @@ func (l *Locker) renewOne(conn *sql.Conn, le *Lease) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.renewTimeoutFor([]*Lease{le}))
 	defer cancel()
 	var exp, now int64
-	err := conn.QueryRowContext(ctx, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+	err := queryOne(ctx, conn, l.st.renew.SQL, l.st.renew.Args(map[string]any{
 		"lease_id": le.id, "token": le.token, "ttl_us": l.cfg.ttl.Microseconds(),
-	})...).Scan(&exp, &now)
+	}), &exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, errRenewNotFound
 	}
@@ -389,6 +389,7 @@ func (l *Locker) renewMany(conn *sql.Conn, leases []*Lease) (map[string]int64, e
 	// An error that arrives after the rows (a procedure's COMMIT that
 	// failed, a connection lost before the statement completed) means the
 	// renewal may not have taken effect: the batch failed (SPEC H1).
+	drainResults(rows)
 	if err := rows.Err(); err != nil {
 		_ = rows.Close()
 		return nil, err

@@ -777,6 +777,12 @@ func TestSemiSyncStallLosesNothingAcknowledged_MySQL(t *testing.T) {
 	if s := statusVar(t, primary, "Rpl_semi_sync_master_status"); s != "ON" {
 		t.Errorf("Rpl_semi_sync_master_status %s during the stall, want ON (no fallback before the 60 s timeout)", s)
 	}
+	// SPEC H9: the acquire returns by its deadline plus 500 ms, although
+	// its commit still waits for the acknowledgement (the engine reads the
+	// procedure's last reply under the statement's context).
+	if early == nil || early.took > 1500*time.Millisecond {
+		t.Errorf("the acquire with a 1 s deadline %s: want it back within 1.5 s (SPEC H9)", acq)
+	}
 
 	primary.Kill()
 	killed := time.Now()
