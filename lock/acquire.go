@@ -187,52 +187,16 @@ func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx cont
 	return err
 }
 
+// acquire checks its input, records the acquire in l.active and runs its
+// waiter; a failed acquire leaves nothing behind (SPEC H6).
 func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, ac acquireConfig) (*Lease, error) {
-	if ctx == nil {
-		return nil, inputErr("context", "nil", "pass a non-nil context")
-	}
-	if ac.bad != nil {
-		return nil, ac.bad
-	}
-	if err := CheckKey(key); err != nil {
+	if err := l.checkAcquire(ctx, key, mode, ac); err != nil {
 		return nil, err
 	}
-	if mode != Exclusive && mode != Shared {
-		return nil, inputErr("mode", mode.String(), "Exclusive or Shared")
-	}
-	if ac.waitSet && ac.wait < 0 {
-		return nil, inputErr("wait timeout", ac.wait.String(), "zero (try once) or a positive duration")
-	}
-	if ac.fifo && len(l.st.acquireFIFO) == 0 {
-		return nil, fmt.Errorf("lock: acquire %s %q: FIFO: dialect %q: %w", mode, key, l.d.Name(), errors.ErrUnsupported)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, context.Cause(ctx))
-	}
 	leaseID := newID()
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, ErrClosed)
+	if err := l.enroll(key, mode, leaseID); err != nil {
+		return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
 	}
-	err := l.claim(key, mode, leaseID)
-	if err != nil {
-		l.mu.Unlock()
-		if !l.endWindows(key) {
-			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
-		}
-		l.mu.Lock()
-		if l.closed {
-			l.mu.Unlock()
-			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, ErrClosed)
-		}
-		if err := l.claim(key, mode, leaseID); err != nil {
-			l.mu.Unlock()
-			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
-		}
-	}
-	l.acquires.Add(1)
-	l.mu.Unlock()
 	defer l.acquires.Done()
 	// Close ends the acquire like a cancelled context, with cause
 	// ErrClosed: what it wrote is undone before it returns (SPEC H6).
@@ -247,29 +211,83 @@ func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, 
 	}
 	lease, err := l.newWaiter(ctx, key, mode, leaseID, wait, ac).run()
 	if err == nil {
-		l.mu.Lock()
-		closed := l.closed
-		l.mu.Unlock()
-		if closed {
-			// Granted while Close ran: no lease outlives Close.
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
-			if rerr := lease.Release(rctx); rerr != nil && !errors.Is(rerr, ErrNotHeld) {
-				l.cfg.logger.Warn("sqlease: release of a lease granted during Close failed; it ends by expiry", "key", key, "lease_id", lease.LeaseID(), "err", rerr)
-			}
-			rcancel()
-			lease, err = nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, ErrClosed)
-		}
+		lease, err = l.unlessClosed(ctx, lease)
 	}
 	if err != nil {
 		if ac.fifo && wait {
 			l.dequeue(ctx, key, leaseID)
 		}
 		l.forget(key, leaseID)
-		if !errors.Is(err, ErrLocked) { // denials were reported by poll
+		if !errors.Is(err, ErrLocked) { // denials were reported by the waiter
 			l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
 		}
 	}
 	return lease, err
+}
+
+// checkAcquire returns the error of an acquire refused before it starts:
+// bad input (SPEC I1), FIFO without dialect support, or an ended context.
+func (l *Locker) checkAcquire(ctx context.Context, key string, mode Mode, ac acquireConfig) error {
+	if ctx == nil {
+		return inputErr("context", "nil", "pass a non-nil context")
+	}
+	if ac.bad != nil {
+		return ac.bad
+	}
+	if err := CheckKey(key); err != nil {
+		return err
+	}
+	if mode != Exclusive && mode != Shared {
+		return inputErr("mode", mode.String(), "Exclusive or Shared")
+	}
+	if ac.waitSet && ac.wait < 0 {
+		return inputErr("wait timeout", ac.wait.String(), "zero (try once) or a positive duration")
+	}
+	if ac.fifo && len(l.st.acquireFIFO) == 0 {
+		return fmt.Errorf("lock: acquire %s %q: FIFO: dialect %q: %w", mode, key, l.d.Name(), errors.ErrUnsupported)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("lock: acquire %s %q: %w", mode, key, context.Cause(ctx))
+	}
+	return nil
+}
+
+// enroll claims key for the acquire leaseID (ErrReentrant, SPEC W4; once
+// more after ending leases whose trusted window has passed) and counts the
+// acquire for Close; it returns ErrClosed once Close has begun.
+func (l *Locker) enroll(key string, mode Mode, leaseID string) error {
+	for again := false; ; again = true {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return ErrClosed
+		}
+		err := l.claim(key, mode, leaseID)
+		if err == nil {
+			l.acquires.Add(1)
+		}
+		l.mu.Unlock()
+		if err == nil || again || !l.endWindows(key) {
+			return err
+		}
+	}
+}
+
+// unlessClosed releases a lease granted while Close ran, so that no lease
+// outlives Close, and returns ErrClosed then; otherwise it returns lease.
+func (l *Locker) unlessClosed(ctx context.Context, lease *Lease) (*Lease, error) {
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if !closed {
+		return lease, nil
+	}
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
+	defer rcancel()
+	if rerr := lease.Release(rctx); rerr != nil && !errors.Is(rerr, ErrNotHeld) {
+		l.cfg.logger.Warn("sqlease: release of a lease granted during Close failed; it ends by expiry", "key", lease.key, "lease_id", lease.LeaseID(), "err", rerr)
+	}
+	return nil, fmt.Errorf("lock: acquire %s %q: %w", lease.mode, lease.key, ErrClosed)
 }
 
 // watchTTL is how long a blocked waiter's interest in release notifications
