@@ -24,7 +24,7 @@ type waiter struct {
 	key      string
 	mode     Mode
 	wait     bool // a blocking acquire; false: refused at once
-	ac       acquireConfig
+	cancels  bool // the caller's context can end (acquireBounds)
 	activeID string
 	leaseID  string
 
@@ -67,7 +67,7 @@ type waiter struct {
 // blocking one (wait) is registered for in-process wake-ups at once, so one
 // sent while its first attempt sets its marker is not lost.
 func (l *Locker) newWaiter(ctx context.Context, key string, mode Mode, activeID string, wait bool, ac acquireConfig) *waiter {
-	w := &waiter{l: l, ctx: ctx, key: key, mode: mode, wait: wait, ac: ac, activeID: activeID, leaseID: activeID,
+	w := &waiter{l: l, ctx: ctx, key: key, mode: mode, wait: wait, cancels: ac.callerCancels, activeID: activeID, leaseID: activeID,
 		start: time.Now(), stopWaiting: func() {}, stopListening: func() {}}
 	if wait && ac.waitSet {
 		w.deadline = w.start.Add(ac.wait)
@@ -142,7 +142,7 @@ func (w *waiter) plan() {
 // Probe, plus Mark when the marker is due.
 func (w *waiter) attempt() (err error) {
 	l := w.l
-	timeout, lw := acquireBounds(l.cfg.stmtTimeout, w.hard, w.ac.callerCancels)
+	timeout, lw := acquireBounds(l.cfg.stmtTimeout, w.hard, w.cancels)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), timeout)
 	defer cancel()
 	defer func() {
