@@ -1,7 +1,8 @@
 package lock
 
-// Acquiring and waiting: TryAcquire, Acquire, Do, the poll loop with its
-// backoff, markers, FIFO tickets and wake-ups (SPEC W1-W6, H6, H9).
+// Acquiring: TryAcquire, Acquire, Do, and the statements of one attempt;
+// the waiting protocol (backoff, markers, FIFO tickets, wake-ups) is the
+// waiter's, in waiter.go (SPEC W1-W6, H6, H9).
 
 import (
 	"context"
@@ -186,52 +187,16 @@ func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx cont
 	return err
 }
 
+// acquire checks its input, records the acquire in l.active and runs its
+// waiter; a failed acquire leaves nothing behind (SPEC H6).
 func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, ac acquireConfig) (*Lease, error) {
-	if ctx == nil {
-		return nil, inputErr("context", "nil", "pass a non-nil context")
-	}
-	if ac.bad != nil {
-		return nil, ac.bad
-	}
-	if err := CheckKey(key); err != nil {
+	if err := l.checkAcquire(ctx, key, mode, ac); err != nil {
 		return nil, err
 	}
-	if mode != Exclusive && mode != Shared {
-		return nil, inputErr("mode", mode.String(), "Exclusive or Shared")
-	}
-	if ac.waitSet && ac.wait < 0 {
-		return nil, inputErr("wait timeout", ac.wait.String(), "zero (try once) or a positive duration")
-	}
-	if ac.fifo && len(l.st.acquireFIFO) == 0 {
-		return nil, fmt.Errorf("lock: acquire %s %q: FIFO: dialect %q: %w", mode, key, l.d.Name(), errors.ErrUnsupported)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, context.Cause(ctx))
-	}
 	leaseID := newID()
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, ErrClosed)
+	if err := l.enroll(key, mode, leaseID); err != nil {
+		return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
 	}
-	err := l.claim(key, mode, leaseID)
-	if err != nil {
-		l.mu.Unlock()
-		if !l.endWindows(key) {
-			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
-		}
-		l.mu.Lock()
-		if l.closed {
-			l.mu.Unlock()
-			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, ErrClosed)
-		}
-		if err := l.claim(key, mode, leaseID); err != nil {
-			l.mu.Unlock()
-			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
-		}
-	}
-	l.acquires.Add(1)
-	l.mu.Unlock()
 	defer l.acquires.Done()
 	// Close ends the acquire like a cancelled context, with cause
 	// ErrClosed: what it wrote is undone before it returns (SPEC H6).
@@ -244,31 +209,85 @@ func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, 
 	if ac.waitSet && ac.wait == 0 {
 		wait = false // WaitTimeout(0): try once
 	}
-	lease, err := l.poll(ctx, key, mode, leaseID, wait, ac)
+	lease, err := l.newWaiter(ctx, key, mode, leaseID, wait, ac).run()
 	if err == nil {
-		l.mu.Lock()
-		closed := l.closed
-		l.mu.Unlock()
-		if closed {
-			// Granted while Close ran: no lease outlives Close.
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
-			if rerr := lease.Release(rctx); rerr != nil && !errors.Is(rerr, ErrNotHeld) {
-				l.cfg.logger.Warn("sqlease: release of a lease granted during Close failed; it ends by expiry", "key", key, "lease_id", lease.LeaseID(), "err", rerr)
-			}
-			rcancel()
-			lease, err = nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, ErrClosed)
-		}
+		lease, err = l.unlessClosed(ctx, lease)
 	}
 	if err != nil {
 		if ac.fifo && wait {
 			l.dequeue(ctx, key, leaseID)
 		}
 		l.forget(key, leaseID)
-		if !errors.Is(err, ErrLocked) { // denials were reported by poll
+		if !errors.Is(err, ErrLocked) { // denials were reported by the waiter
 			l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
 		}
 	}
 	return lease, err
+}
+
+// checkAcquire returns the error of an acquire refused before it starts:
+// bad input (SPEC I1), FIFO without dialect support, or an ended context.
+func (l *Locker) checkAcquire(ctx context.Context, key string, mode Mode, ac acquireConfig) error {
+	if ctx == nil {
+		return inputErr("context", "nil", "pass a non-nil context")
+	}
+	if ac.bad != nil {
+		return ac.bad
+	}
+	if err := CheckKey(key); err != nil {
+		return err
+	}
+	if mode != Exclusive && mode != Shared {
+		return inputErr("mode", mode.String(), "Exclusive or Shared")
+	}
+	if ac.waitSet && ac.wait < 0 {
+		return inputErr("wait timeout", ac.wait.String(), "zero (try once) or a positive duration")
+	}
+	if ac.fifo && len(l.st.acquireFIFO) == 0 {
+		return fmt.Errorf("lock: acquire %s %q: FIFO: dialect %q: %w", mode, key, l.d.Name(), errors.ErrUnsupported)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("lock: acquire %s %q: %w", mode, key, context.Cause(ctx))
+	}
+	return nil
+}
+
+// enroll claims key for the acquire leaseID (ErrReentrant, SPEC W4; once
+// more after ending leases whose trusted window has passed) and counts the
+// acquire for Close; it returns ErrClosed once Close has begun.
+func (l *Locker) enroll(key string, mode Mode, leaseID string) error {
+	for again := false; ; again = true {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return ErrClosed
+		}
+		err := l.claim(key, mode, leaseID)
+		if err == nil {
+			l.acquires.Add(1)
+		}
+		l.mu.Unlock()
+		if err == nil || again || !l.endWindows(key) {
+			return err
+		}
+	}
+}
+
+// unlessClosed releases a lease granted while Close ran, so that no lease
+// outlives Close, and returns ErrClosed then; otherwise it returns lease.
+func (l *Locker) unlessClosed(ctx context.Context, lease *Lease) (*Lease, error) {
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if !closed {
+		return lease, nil
+	}
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
+	defer rcancel()
+	if rerr := lease.Release(rctx); rerr != nil && !errors.Is(rerr, ErrNotHeld) {
+		l.cfg.logger.Warn("sqlease: release of a lease granted during Close failed; it ends by expiry", "key", lease.key, "lease_id", lease.LeaseID(), "err", rerr)
+	}
+	return nil, fmt.Errorf("lock: acquire %s %q: %w", lease.mode, lease.key, ErrClosed)
 }
 
 // watchTTL is how long a blocked waiter's interest in release notifications
@@ -308,236 +327,14 @@ var errNoOutcome = errors.New("acquire neither granted nor reported holders")
 // context.DeadlineExceeded, so both retry it as transient.
 var errUnconfirmed = fmt.Errorf("statement reported success after its deadline, so its commit may not have reached a synchronous standby: %w", context.DeadlineExceeded)
 
+// acquireResult is the outcome of one attempt: the grant, or the blockers
+// and the database's time when it saw them.
 type acquireResult struct {
 	granted   bool
 	grantedAt time.Time
 	lease     Holder
 	now       time.Time
 	holders   []Holder
-}
-
-func (l *Locker) poll(ctx context.Context, key string, mode Mode, activeID string, wait bool, ac acquireConfig) (*Lease, error) {
-	// The lease ID starts as the acquire's ID in l.active; it changes after
-	// an attempt whose outcome is unknown (that attempt is undone first).
-	leaseID := activeID
-	start := time.Now()
-	var deadline time.Time
-	if wait && ac.waitSet {
-		deadline = start.Add(ac.wait)
-	}
-	// No statement of this acquire runs much past hard (SPEC H9).
-	hard := deadline
-	if d, ok := ctx.Deadline(); ok && (hard.IsZero() || d.Before(hard)) {
-		hard = d
-	}
-	var markerAt time.Time // when our marker was last written; zero: not ours
-	var last []Holder      // blockers seen by the last refused attempt
-	// FIFO (SPEC W6): the ticket is the acquire's ID; it is written on the
-	// first attempt and refreshed every third of its TTL.
-	var tk *ticketArgs
-	var ticketAt time.Time // when our ticket was last written; zero: not yet
-	queued := false        // the last refused attempt saw tickets ahead of ours
-	if ac.fifo {
-		tk = &ticketArgs{id: activeID}
-	}
-	// What attempts under leaseID may have written without our knowing:
-	// a grant (reply lost) or a marker.
-	var maybeGrant, maybeMarker bool
-	giveUp := func() {
-		l.undo(ctx, key, leaseID, maybeGrant, maybeMarker || !markerAt.IsZero(), hard)
-	}
-	// Wake-ups: the in-process registration from the start (cheap); the
-	// pool's listener (CapNotify) after the first refused attempt, so an
-	// uncontended acquire never opens a listening connection.
-	var hw *hubWaiter
-	var wake <-chan struct{}
-	stopWaiting, stopListening := func() {}, func() {}
-	defer func() { stopWaiting(); stopListening() }()
-	if wait {
-		hw, stopWaiting = l.waitStart(key, leaseID)
-		wake = hw.ch
-	}
-	listening := false
-	retries := 0
-	for attempt := 0; ; attempt++ {
-		var markerUS int64
-		if wait && mode == Exclusive && (markerAt.IsZero() || time.Since(markerAt) >= l.cfg.markerTTL/3) && !queued {
-			markerUS = l.cfg.markerTTL.Microseconds()
-		}
-		if tk != nil {
-			tk.us = 0
-			if wait && (ticketAt.IsZero() || time.Since(ticketAt) >= l.cfg.markerTTL/3) {
-				tk.us = l.cfg.markerTTL.Microseconds()
-			}
-		}
-		send := time.Now()
-		var watchUS int64
-		if wait && l.d.Capabilities().Has(dialect.CapNotify) {
-			watchUS = watchTTL.Microseconds()
-		}
-		res, err := l.acquireOnce(ctx, key, mode, leaseID, markerUS, watchUS, tk, hard, wait && attempt == 0, ac.callerCancels)
-		if err != nil && l.uncertain(err) {
-			maybeGrant = true
-			maybeMarker = maybeMarker || markerUS > 0
-		}
-		if ctx.Err() != nil {
-			// The statement may have committed a grant or a marker after
-			// the caller gave up: undo both before returning (SPEC H6).
-			if err == nil {
-				maybeGrant = maybeGrant || res.granted
-				maybeMarker = maybeMarker || markerUS > 0
-			}
-			giveUp()
-			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, context.Cause(ctx))
-		}
-		if err != nil {
-			// A statement that ran out of its own time (the statement
-			// timeout, a busy pool) or lost its connection while the
-			// caller still waits is retried like any transient error.
-			retryable := l.transient(err) || errors.Is(err, errNoOutcome) ||
-				errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
-			if !retryable || (!wait && retries >= 2) {
-				giveUp()
-				return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
-			}
-			retries++
-			l.cfg.logger.Debug("sqlease: acquire retry", "key", key, "mode", mode.String(), "err", err)
-			if maybeGrant {
-				// The attempt may have committed: undo it and go on under
-				// a new lease ID, so a grant we never saw cannot block us.
-				giveUp()
-				leaseID, markerAt, ticketAt = newID(), time.Time{}, time.Time{}
-				maybeGrant, maybeMarker = false, false
-			}
-		} else if res.granted {
-			if time.Since(send) > (l.cfg.ttl-l.cfg.margin)/3 {
-				// The grant took long (it waited for locks): its trusted
-				// window, counted from the send, is mostly spent. Renew
-				// once so the caller gets a usable lease (SPEC H1).
-				// Best effort: on failure the lease keeps its short window
-				// and the renewer retries as usual.
-				if err := l.freshen(ctx, &res, &send); err != nil {
-					l.cfg.logger.Debug("sqlease: renewal after a slow grant failed", "key", key, "lease_id", leaseID, "err", err)
-				}
-			}
-			l.emit(Event{Kind: EventAcquireGranted, Key: key, Mode: mode, LeaseID: leaseID, Token: res.lease.Token, Wait: time.Since(start)})
-			if listening {
-				// Pass the wake-up on to the next waiter of this process:
-				// after a shared grant (or our FIFO ticket leaving the
-				// queue) it may be granted too; after an exclusive one it
-				// claims the pending-writer marker, so the next release
-				// wakes it alone instead of every process's choice.
-				stopWaiting()
-				stopListening()
-				hubWake(l.channel, key, "")
-			}
-			return l.newLease(key, mode, res, send, activeID), nil
-		} else {
-			last = last[:0]
-			mine := false
-			queued = false
-			var until time.Duration = -1
-			if tk != nil && tk.us > 0 {
-				ticketAt = send
-			}
-			for _, h := range res.holders {
-				if h.Mode == PendingWriter && h.LeaseID == leaseID {
-					mine = true // our own marker: not a blocker
-					continue
-				}
-				if h.Mode == Queued {
-					queued = true
-				}
-				last = append(last, h)
-				if d := h.Expiry.Sub(res.now); until < 0 || d < until {
-					until = d
-				}
-			}
-			switch {
-			case !mine:
-				markerAt = time.Time{}
-			case markerUS > 0:
-				markerAt = send
-			}
-			if !wait {
-				giveUp()
-				err := &LockedError{Key: key, Mode: mode, Holders: last}
-				l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
-				return nil, err
-			}
-			if !deadline.IsZero() && !time.Now().Before(deadline) {
-				giveUp()
-				err := &LockedError{Key: key, Mode: mode, Holders: last, Waited: time.Since(start)}
-				l.emit(Event{Kind: EventAcquireDenied, Key: key, Mode: mode, Wait: time.Since(start), Err: err})
-				return nil, err
-			}
-			if !listening {
-				stopListening, listening = l.listenStart(), true
-			}
-			hubUpdate(hw, leaseID, !markerAt.IsZero())
-			held, claim := false, ""
-			for _, h := range last {
-				switch h.Mode {
-				case Exclusive, Shared:
-					held = true
-				case PendingWriter:
-					claim = h.LeaseID
-				}
-			}
-			if !held && claim != "" {
-				// Only another waiter's claim blocks us: pass the wake-up
-				// to it, in case it is in this process and missed the
-				// release (its marker may have committed just after the
-				// release looked for one).
-				hubWake(l.channel, key, claim)
-			}
-			limit := l.cfg.maxBackoff
-			sleep := Backoff(attempt, limit)
-			if ready, since := l.notifyReady(); ready && since.Before(send) {
-				// Releases wake us (the listener was up before this
-				// attempt, so none was missed); poll only as a fallback.
-				// Drawn from the upper half of the interval: wake-ups
-				// are targeted (one waiter per release), so a ramp of
-				// early polls would be most of the statements.
-				half := l.cfg.notifyPoll / 2
-				sleep = max(half+rand.N(half+1), min(notifyMinPoll, l.cfg.notifyPoll))
-			}
-			if until >= 0 {
-				// Wake just after the earliest blocking lease expires.
-				sleep = min(sleep, max(until+time.Millisecond, MinBackoff))
-			}
-			if !markerAt.IsZero() || tk != nil {
-				sleep = min(sleep, l.cfg.markerTTL/3)
-			}
-			if len(last) == 0 {
-				// Refused, but what blocked ended while the attempt ran
-				// (only our own marker is left): a release that looked
-				// for a marker before ours committed woke someone else.
-				sleep = MinBackoff
-			}
-			if err := l.sleep(ctx, sleep, deadline, wake); err != nil {
-				giveUp()
-				return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
-			}
-			continue
-		}
-		// retryable error
-		if err := l.sleep(ctx, l.backoff(attempt), deadline, nil); err != nil {
-			giveUp()
-			return nil, fmt.Errorf("lock: acquire %s %q: %w", mode, key, err)
-		}
-		if !deadline.IsZero() && !time.Now().Before(deadline) {
-			giveUp()
-			return nil, &LockedError{Key: key, Mode: mode, Holders: last, Waited: time.Since(start), Err: err}
-		}
-	}
-}
-
-// backoff returns the full-jitter wait before poll attempt+1: uniform in
-// [MinBackoff, min(cap, MinBackoff*2^attempt)], cap = min(WithMaxBackoff,
-// TTL) (SPEC W2).
-func (l *Locker) backoff(attempt int) time.Duration {
-	return Backoff(attempt, l.cfg.maxBackoff)
 }
 
 // Backoff is the wait schedule of blocked acquires: for poll attempt n (from
@@ -554,23 +351,6 @@ func Backoff(attempt int, limit time.Duration) time.Duration {
 		return MinBackoff
 	}
 	return MinBackoff + rand.N(ceil-MinBackoff+1)
-}
-
-// sleep waits d, or until deadline, or a wake-up; or until ctx ends (it
-// then returns ctx's cause: ErrClosed when Close ended it).
-func (l *Locker) sleep(ctx context.Context, d time.Duration, deadline time.Time, wake <-chan struct{}) error {
-	if !deadline.IsZero() {
-		d = min(d, max(time.Until(deadline), 0))
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-	case <-wake:
-	}
-	return nil
 }
 
 // ticketArgs are the FIFO arguments of one attempt (SPEC W6): the ticket
@@ -600,109 +380,6 @@ func acquireBounds(stmtTimeout time.Duration, hard time.Time, callerCancels bool
 		wait = lockWait{bound: min(maxLockWait, max(left, time.Millisecond)), until: hard.Add(lockWaitSlack)}
 	}
 	return timeout, wait
-}
-
-// acquireOnce runs the Acquire script once (with tk, the AcquireFIFO
-// script). The statement runs on a context
-// detached from ctx (bounded by the statement timeout, and by hard plus a
-// grace when hard is set) so its outcome is usually known (SPEC H6, H9).
-// On a dialect.LockWaiter dialect its lock waits end by hard, and are
-// bounded by maxLockWait when the caller's context can end (callerCancels).
-// With the dialect's Grant (and Mark) fast paths, an uncontended grant is
-// one statement (first: a blocking acquire's first attempt, Grant first) or
-// a Probe and Grant, and a refused poll is the Probe, plus Mark when the
-// marker is due.
-func (l *Locker) acquireOnce(ctx context.Context, key string, mode Mode, leaseID string, markerUS, watchUS int64, tk *ticketArgs, hard time.Time, first, callerCancels bool) (res acquireResult, err error) {
-	timeout, wait := acquireBounds(l.cfg.stmtTimeout, hard, callerCancels)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	defer func() {
-		if err == nil && res.granted && sctx.Err() != nil {
-			err = errUnconfirmed
-		}
-		if err != nil && l.d.Classify(err) == dialect.ErrorFailoverPause {
-			res, err = l.pauseRefusal(sctx, key)
-		}
-	}()
-	// When the caller gives up, let the statement finish for a moment, then
-	// cancel it through the driver (which aborts it on the server); either
-	// way its outcome is known before undo runs.
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(acquireCancelGrace, cancel) })
-	defer stop()
-	vals := l.acquireVals(key, mode, leaseID, markerUS, watchUS, tk)
-	probe, script := l.st.probe, l.st.acquire
-	if tk != nil {
-		probe, script = l.st.probeFIFO, l.st.acquireFIFO
-		if tk.us > 0 {
-			probe.ok = false
-		}
-	}
-	// The scan targets, in one allocation for every row of the attempt
-	// (passed to Scan through interfaces, each would be allocated alone).
-	var r struct {
-		granted  bool
-		m        string
-		h        Holder
-		exp, now int64
-	}
-	scan := func(row rowScanner) error {
-		if err := row.Scan(&r.granted, &r.h.LeaseID, &r.m, &r.h.Owner, &r.h.Token, &r.exp, &r.now); err != nil {
-			return err
-		}
-		h, granted := r.h, r.granted
-		h.Key, h.Mode, h.Expiry = key, modeFromCode(r.m), time.UnixMicro(r.exp)
-		res.now = time.UnixMicro(r.now)
-		if granted {
-			if h.LeaseID != leaseID {
-				return fmt.Errorf("lock: dialect %q granted lease %q, asked for %q", l.d.Name(), h.LeaseID, leaseID)
-			}
-			res.granted, res.lease, res.grantedAt = true, h, h.Expiry.Add(-l.cfg.ttl)
-		} else {
-			res.holders = append(res.holders, h)
-		}
-		return nil
-	}
-	fast := tk == nil && l.st.grant.ok && watchUS == 0
-	grant := func() (bool, error) {
-		err := l.runAcquire(sctx, []dialect.Stmt{l.st.grant.Stmt}, vals, scan, &res, wait)
-		if err != nil || res.granted {
-			return true, err
-		}
-		res = acquireResult{}
-		return false, nil
-	}
-	if fast && first {
-		// Most acquires find the key free: try the one-statement grant.
-		if done, err := grant(); done {
-			return res, err
-		}
-	}
-	mark := fast && markerUS > 0 && l.st.mark.ok
-	if probe.ok && watchUS == 0 && (markerUS == 0 || mark) {
-		// Read-only first: a refused poll writes nothing (but the marker
-		// when it is due, in one statement).
-		err := l.probe(sctx, probe.SQL, bindArgs(probe.Stmt, vals), scan)
-		if err != nil {
-			return res, err
-		}
-		if len(res.holders) > 0 {
-			if mark {
-				return res, l.refreshMarker(sctx, key, leaseID, vals, &res, wait)
-			}
-			return res, nil
-		}
-		res = acquireResult{}
-		if fast && !first {
-			if done, err := grant(); done {
-				return res, err
-			}
-		}
-	}
-	err = l.runAcquire(sctx, script, vals, scan, &res, wait)
-	if err == nil && !res.granted && len(res.holders) == 0 {
-		err = errNoOutcome
-	}
-	return res, err
 }
 
 // probe runs the read-only Probe on a pooled connection, read straight
