@@ -9,15 +9,16 @@ import (
 
 // Rules the history checker enforces, as they appear in Violation.Rule.
 const (
-	RuleS1       = "S1"          // two conflicting leases of a key live at once, in database time
-	RuleS3       = "S3"          // a token reused, or not increasing in grant order, per key
-	RuleFenced   = "F1"          // a fenced write committed with a superseded token
-	RuleAcked    = "acked-write" // an acknowledged write is missing from the ledger
-	RuleLoss     = "loss-signal" // no loss signal after a stop that outlived the TTL
-	RuleLiveness = "liveness"    // a key not acquired within TTL plus one backoff step after the faults
-	RuleForget   = "H8"          // a Locker refused a key it had released (ErrReentrant)
-	RuleDeadline = "H9"          // a blocking acquire overran its WaitTimeout by more than 500 ms (plus a grace), or gave up early on a transient error
-	RuleS7       = "S7"          // a token granted after a promotion does not exceed every token granted on its key before it
+	RuleS1        = "S1"          // two conflicting leases of a key live at once, in database time
+	RuleS3        = "S3"          // a token reused, or not increasing in grant order, per key
+	RuleFenced    = "F1"          // a fenced write committed with a superseded token
+	RuleAcked     = "acked-write" // an acknowledged write is missing from the ledger
+	RuleLoss      = "loss-signal" // no loss signal after a stop that outlived the TTL
+	RuleLiveness  = "liveness"    // a key not acquired within TTL plus one backoff step after the faults
+	RuleForget    = "H8"          // a Locker refused a key it had released (ErrReentrant)
+	RuleDeadline  = "H9"          // a blocking acquire overran its WaitTimeout by more than 500 ms (plus a grace), or gave up early on a transient error
+	RuleS7        = "S7"          // a token granted after a promotion does not exceed every token granted on its key before it
+	RuleLostGrant = "lost-grant"  // a lease live at the kill of a synchronous primary is missing on the promoted standby
 )
 
 // deadlineGrace is added to H9's 500 ms for a loaded machine.
@@ -107,11 +108,12 @@ func (l *leaseInfo) heldUntil() int64 {
 // reached the standby).
 func (l *leaseInfo) standbyUntil(p promotion) int64 {
 	var until, releasing int64
-	if p.SyncedNS != 0 && l.grantT < p.SyncedNS {
+	synced := p.syncedNS()
+	if synced != 0 && l.grantT < synced {
 		until = l.grantExpiryUS
 	}
 	for _, e := range l.evs {
-		if e.Ev == evRenewed && ((p.SyncedNS != 0 && e.T < p.SyncedNS) || (e.Expiry-l.ttl.Microseconds())*1000 >= p.SwitchNS) {
+		if e.Ev == evRenewed && ((synced != 0 && e.T < synced) || (e.Expiry-l.ttl.Microseconds())*1000 >= p.SwitchNS) {
 			until = max(until, e.Expiry)
 		}
 		if e.Ev == evReleasing && releasing == 0 {
@@ -159,10 +161,15 @@ type checkResult struct {
 	// clock in µs at its grant.
 	GrantsLost, AckedLost, TokensCompared, RefusedAcross, Overlaps int
 	LongestOverlap                                                 time.Duration
-	ClockTokens                                                    bool
-	Violations                                                     []Violation
-	ViolationsByRule                                               map[string]int
-	Stuck                                                          []string
+	// S1Across counts the S1 violations across a promotion; LiveChecked
+	// the leases live at a kill looked up on the promoted standby,
+	// LiveLost those it did not have; PauseRefusals the acquires refused
+	// for the failover pause.
+	S1Across, LiveChecked, LiveLost, PauseRefusals int
+	ClockTokens                                    bool
+	Violations                                     []Violation
+	ViolationsByRule                               map[string]int
+	Stuck                                          []string
 }
 
 const maxDetails = 25
@@ -246,7 +253,15 @@ func check(h history) checkResult {
 			continue
 		}
 		if ep := h.epochOf(e.At * 1000); ep < len(h.promotions) {
-			if p := h.promotions[ep]; p.SyncedNS == 0 || e.T >= p.SyncedNS {
+			if p := h.promotions[ep]; p.Mode == PromoteSync {
+				// The commit waited for the standby's flush before it was
+				// acknowledged: it may not be lost.
+				r.AckedLost++
+				ledger = append(ledger, ledgerRow{WriteID: e.WriteID, Key: e.Key, Token: e.Token, Lease: e.Lease, Worker: e.Worker, Mode: e.Mode, N: e.N, AtUS: e.At})
+				r.add(Violation{RuleAcked, e.Key, fmt.Sprintf("write %s (token %d, %s) committed at %s was acknowledged by the synchronous primary but is not on the promoted standby",
+					e.WriteID, e.Token, e.Worker, fmtUS(e.At))})
+				continue
+			} else if p.SyncedNS == 0 || e.T >= p.SyncedNS {
 				r.AckedLost++
 				ledger = append(ledger, ledgerRow{WriteID: e.WriteID, Key: e.Key, Token: e.Token, Lease: e.Lease, Worker: e.Worker, Mode: e.Mode, N: e.N, AtUS: e.At})
 				continue
@@ -284,7 +299,11 @@ func check(h history) checkResult {
 			if l := leases[e.Lease]; e.Ev == evWriteLost && l != nil && l.epoch < h.epochOf(e.T) {
 				r.RefusedAcross++
 			}
+			if e.Ev == evAcquireErr && e.Pause {
+				r.PauseRefusals++
+			}
 		}
+		r.checkLive(h, order)
 	}
 	for key, all := range byKey {
 		// S1 and S3 hold among the grants of one primary; across a
@@ -561,6 +580,7 @@ func (r *checkResult) checkPromotions(h history, key string, all []*leaseInfo) {
 			}
 			if b.epoch == a.epoch+1 {
 				if until := a.standbyUntil(h.promotions[a.epoch]); b.grantUS < until {
+					r.S1Across++
 					r.add(Violation{RuleS1, key, fmt.Sprintf("%s lease %s (token %d, %s) granted at %s by the promoted standby, which had %s lease %s (token %d, %s) live until at least %s",
 						b.mode, b.id, b.token, b.worker, fmtUS(b.grantUS), a.mode, a.id, a.token, a.worker, fmtUS(until))})
 					continue
@@ -569,9 +589,84 @@ func (r *checkResult) checkPromotions(h history, key string, all []*leaseInfo) {
 			if end := a.heldUntil(); b.grantUS < end {
 				r.Overlaps++
 				r.LongestOverlap = max(r.LongestOverlap, time.Duration(end-b.grantUS)*time.Microsecond)
+				// The pause and sync modes close these overlaps: each
+				// one is an S1 violation there.
+				if p := h.promotions[b.epoch-1]; p.strict() {
+					r.S1Across++
+					r.add(Violation{RuleS1, key, fmt.Sprintf("%s lease %s (token %d, %s) granted at %s by the promoted standby (promote mode %s, switched at %s), while %s lease %s (token %d, %s, TTL %v) granted at %s before the promotion was trusted by its holder until %s (%s)",
+						b.mode, b.id, b.token, b.worker, fmtUS(b.grantUS), p.Mode, fmtUS(p.SwitchNS/1000), a.mode, a.id, a.token, a.worker, a.ttl, fmtUS(a.grantUS), fmtUS(end), describeUS(a.evs))})
+				}
 			}
 		}
 	}
+}
+
+// liveMargin is how long before its expiry a lease row may already be
+// gone at a kill stamped a moment before the primary actually died (a
+// grant of another holder deletes an expired row).
+const liveMargin = 200 * time.Millisecond
+
+// checkLive looks up on each promoted standby (its lease rows before any
+// worker reached it) every lease live at the kill of the primary before
+// it: granted before the kill, neither released nor reported lost before
+// it, and whose last expiry acknowledged before the kill is more than
+// liveMargin past it (so no other grant could have deleted its row). In
+// the sync mode every such lease must be there (RuleLostGrant).
+func (r *checkResult) checkLive(h history, order []*leaseInfo) {
+	for _, l := range order {
+		if l.epoch >= len(h.promotions) {
+			continue
+		}
+		p := h.promotions[l.epoch]
+		if !p.Snapshot || l.grantT >= p.KillNS {
+			continue
+		}
+		expiry, ended := l.grantExpiryUS, false
+		for _, e := range l.evs {
+			if e.T >= p.KillNS {
+				break
+			}
+			switch {
+			case e.Ev == evRenewed:
+				expiry = max(expiry, e.Expiry)
+			case e.Ev == evReleasing || isLossSignal(e):
+				ended = true
+			}
+		}
+		if ended || expiry <= (p.KillNS+int64(liveMargin))/1000 {
+			continue
+		}
+		r.LiveChecked++
+		if p.Survivors[l.id] {
+			continue
+		}
+		r.LiveLost++
+		if p.Mode == PromoteSync {
+			r.add(Violation{RuleLostGrant, l.key, fmt.Sprintf("%s lease %s (token %d, %s) granted at %s, live until %s, was not on the standby promoted after the kill of the synchronous primary at %s",
+				l.mode, l.id, l.token, l.worker, fmtUS(l.grantUS), fmtUS(expiry), fmtUS(p.KillNS/1000))})
+		}
+	}
+}
+
+// describeUS lists up to eight events of a lease with their database or
+// local times, for a violation's detail.
+func describeUS(evs []event) string {
+	var parts []string
+	for i, e := range evs {
+		if i == 8 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(evs)-i))
+			break
+		}
+		p := e.Ev + " " + fmtUS(e.T/1000)
+		if e.Ev == evRenewed {
+			p += " expiry " + fmtUS(e.Expiry)
+		}
+		if e.Class != "" {
+			p += " " + e.Class
+		}
+		parts = append(parts, p)
+	}
+	return "events: " + strings.Join(parts, ", ")
 }
 
 // checkEpoch checks S1 and S3 over the leases of key that one primary

@@ -294,6 +294,7 @@ func TestConfigErrors(t *testing.T) {
 		{Dialect: "sqlite", Workers: 1},
 		{Dialect: "sqlite", Faults: []string{"flood"}},
 		{Dialect: "sqlite", Broken: "sometimes"},
+		{Dialect: "postgres", PromoteMode: "semisync"},
 	} {
 		err := c.fill()
 		if err == nil || !strings.Contains(err.Error(), "allowed") {
@@ -389,5 +390,52 @@ func TestCheckPromotionCatches(t *testing.T) {
 	r = check(b.h)
 	if r.ViolationsByRule[RuleS1] != 1 || r.ViolationsByRule[RuleAcked] != 1 || r.count() != 2 {
 		t.Errorf("want 1 S1 (f while the standby had e) and 1 acked-write (g), got:\n%s", rules(r))
+	}
+}
+
+// TestCheckPromotionModes: in the pause and sync modes of the promote
+// fault an overlap across the promotion is an S1 violation; in the sync
+// mode so are a lost acknowledged write and a lease live at the kill that
+// the promoted standby does not have (RuleLostGrant), which the async mode
+// only counts.
+func TestCheckPromotionModes(t *testing.T) {
+	withMode := func(mode string) *hb {
+		b := promoted(13)
+		b.h.promotions[0].Mode = mode
+		b.h.promotions[0].Snapshot, b.h.promotions[0].Survivors = true, map[string]bool{}
+		return b
+	}
+	r := check(withMode(PromoteAsync).h)
+	if r.count() != 0 || r.Overlaps != 1 || r.S1Across != 0 || r.LiveChecked != 1 || r.LiveLost != 1 {
+		t.Errorf("async: want 1 overlap and 1 live lease lost (c), no violation; got overlaps %d, S1 across %d, live lost %d of %d, violations:\n%s",
+			r.Overlaps, r.S1Across, r.LiveLost, r.LiveChecked, rules(r))
+	}
+	r = check(withMode(PromotePause).h)
+	if r.ViolationsByRule[RuleS1] != 1 || r.count() != 1 || r.S1Across != 1 || r.Overlaps != 1 {
+		t.Errorf("pause: want the overlap of c and d as 1 S1 violation; got overlaps %d, S1 across %d, violations:\n%s", r.Overlaps, r.S1Across, rules(r))
+	}
+	// With d granted after c's holder stopped trusting it (1800), nothing.
+	b := withMode(PromotePause)
+	for i := range b.h.events {
+		if e := &b.h.events[i]; e.Lease == "d" && e.Ev == evGrant {
+			e.Granted, e.Expiry = us(1850), us(2850)
+		}
+	}
+	for i := range b.h.ledger {
+		if w := &b.h.ledger[i]; w.Lease == "d" {
+			w.AtUS = us(1860)
+		}
+	}
+	if r := check(b.h); r.count() != 0 || r.Overlaps != 0 {
+		t.Errorf("pause, d granted after c ended: want nothing; got overlaps %d, violations:\n%s", r.Overlaps, rules(r))
+	}
+	r = check(withMode(PromoteSync).h)
+	if r.ViolationsByRule[RuleS1] != 1 || r.ViolationsByRule[RuleAcked] != 1 || r.ViolationsByRule[RuleLostGrant] != 1 || r.count() != 3 || r.AckedLost != 1 {
+		t.Errorf("sync: want 1 S1 (d while the standby had c), 1 acked-write (c's write), 1 lost-grant (c); got acked lost %d, violations:\n%s", r.AckedLost, rules(r))
+	}
+	b = withMode(PromoteSync)
+	b.h.promotions[0].Survivors["c"] = true
+	if r := check(b.h); r.ViolationsByRule[RuleLostGrant] != 0 || r.LiveChecked != 1 || r.LiveLost != 0 {
+		t.Errorf("sync, c on the promoted standby: want no lost-grant; got live lost %d of %d, violations:\n%s", r.LiveLost, r.LiveChecked, rules(r))
 	}
 }

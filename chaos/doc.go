@@ -43,6 +43,16 @@
 // open connections. The run goes on there (a later restart restarts the
 // new primary). Its instants are in Report.Promotion and faults.jsonl.
 //
+// Config.PromoteMode chooses how: PromoteAsync is the above; PromotePause
+// is the same with every worker's Locker built with
+// lock.WithFailoverPause(MaxTTL) (workers log a refusal for the pause as
+// an ordinary refusal, class locked, marked pause); PromoteSync starts the
+// primary with the standby as its synchronous standby (synchronous_commit
+// on) and does not cut replication: after the catch-up the workers go on
+// for 0.5-1.5 s, then the primary is killed while the standby is
+// connected. In every mode the driver reads the promoted standby's lease
+// rows before any worker reaches it.
+//
 // After the fault phase the driver continues stopped workers, restarts
 // killed ones, stops the workers' loops, and asks each worker in turn to
 // acquire every key with every Locker (the liveness probe).
@@ -90,7 +100,14 @@
 //     its row live then (granted or renewed before Synced, not released);
 //     otherwise it is counted apart, with the longest overlap (a holder of
 //     a lost grant trusts it until its next renewal: the documented
-//     residual risk of an asynchronous failover).
+//     residual risk of an asynchronous failover). In the pause and sync
+//     modes every such overlap is an S1 violation.
+//   - Every lease live at the kill (granted before it, neither released
+//     nor reported lost before it, its last acknowledged expiry more than
+//     200 ms past it) is looked up among the promoted standby's rows;
+//     those missing are counted (LiveLost), and are violations
+//     (lost-grant) in the sync mode, where every acknowledged write
+//     missing after the promotion is a violation too.
 //
 // Config.Broken makes one worker misbehave (unfenced writes past its lease,
 // or claiming another holder's lease) so tests can prove the checker fails.

@@ -53,6 +53,7 @@ type event struct {
 	Iso      string `json:"iso,omitempty"` // start: the session's default isolation (PostgreSQL)
 	Phantom  bool   `json:"phantom,omitempty"`
 	Unfenced bool   `json:"unfenced,omitempty"`
+	Pause    bool   `json:"pause,omitempty"` // acquire_err: refused for the failover pause of a new primary
 }
 
 // eventLog appends events to a worker's JSON-lines file. Each event is one

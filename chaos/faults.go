@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/sqlease/sqlease/dialect"
 )
 
 // faultWeights is how often each kind is picked, relative to the others.
@@ -246,8 +248,31 @@ func (d *driver) spike() {
 // killed at KillNS, and the proxy re-pointed at the promoted standby at
 // SwitchNS. Every grant the old primary made has a database time before
 // SwitchNS, every grant of the new one after it.
+//
+// Mode is the promote fault's mode (Config.PromoteMode): in the sync mode
+// replication is not cut (CutNS is KillNS) and every commit acknowledged
+// before the kill is on the standby. Survivors are the lease IDs the
+// promoted standby had before any worker reached it (Snapshot: it could
+// be read).
 type promotion struct {
 	SyncedNS, CutNS, KillNS, SwitchNS int64
+	Mode                              string
+	Snapshot                          bool
+	Survivors                         map[string]bool
+}
+
+// strict reports whether overlaps across the promotion are S1 violations
+// (the pause and sync modes close them).
+func (p promotion) strict() bool { return p.Mode == PromotePause || p.Mode == PromoteSync }
+
+// syncedNS is the instant before which every acknowledged commit is known
+// to be on the standby (0: none): in the sync mode the kill (a commit
+// waits for the standby's flush before it is acknowledged), else SyncedNS.
+func (p promotion) syncedNS() int64 {
+	if p.Mode == PromoteSync {
+		return p.KillNS
+	}
+	return p.SyncedNS
 }
 
 // promoteGrants is how many grants the old primary makes after the cut
@@ -264,10 +289,15 @@ const (
 // never sees (counted in the workers' logs, for at most promoteWait),
 // kill the primary, promote the standby, and point the workers' proxy at
 // it, cutting their open connections. The caller holds d.restart.
+//
+// In the sync mode (PromoteSync) replication is not cut: every commit
+// waits for the standby, so the primary could not grant anything the
+// standby does not have. Once the standby has caught up, the workers go on
+// for a moment and the primary is killed while the standby is connected.
 func (d *driver) promote() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var p promotion
+	p := promotion{Mode: d.cfg.PromoteMode}
 	d.logf("promote: waiting for the standby to catch up")
 	synced := time.Now().UnixNano()
 	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
@@ -281,19 +311,30 @@ func (d *driver) promote() {
 	} else {
 		p.SyncedNS = synced
 	}
-	p.CutNS = time.Now().UnixNano()
-	if err := d.standby.CutReplication(); err != nil {
-		d.problem("promote: %v", err)
-		return
+	var tail grantTail
+	if p.Mode == PromoteSync {
+		// Grants go on, each acknowledged only once the standby has it.
+		tail = grantTail{dir: d.dir, workers: d.cfg.Workers, since: time.Now().UnixNano(), off: map[string]int64{}}
+		time.Sleep(time.Duration(500+d.intN(1000)) * time.Millisecond)
+		tail.count()
+		d.logf("promote: %d grants logged since the standby caught up; killing the primary while the synchronous standby is connected", tail.n)
+		p.KillNS = time.Now().UnixNano()
+		p.CutNS = p.KillNS
+	} else {
+		p.CutNS = time.Now().UnixNano()
+		if err := d.standby.CutReplication(); err != nil {
+			d.problem("promote: %v", err)
+			return
+		}
+		d.logFault("promote: replication cut", "", 0)
+		tail = grantTail{dir: d.dir, workers: d.cfg.Workers, since: p.CutNS, off: map[string]int64{}}
+		deadline := time.Now().Add(promoteWait)
+		for tail.count() < promoteGrants && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		d.logf("promote: %d grants logged since the cut; killing the primary", tail.n)
+		p.KillNS = time.Now().UnixNano()
 	}
-	d.logFault("promote: replication cut", "", 0)
-	tail := grantTail{dir: d.dir, workers: d.cfg.Workers, since: p.CutNS, off: map[string]int64{}}
-	deadline := time.Now().Add(promoteWait)
-	for tail.count() < promoteGrants && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	d.logf("promote: %d grants logged since the cut; killing the primary", tail.n)
-	p.KillNS = time.Now().UnixNano()
 	d.cluster.Kill()
 	d.logFault("promote: primary killed", "", 0)
 	if err := d.standby.Promote(ctx); err != nil {
@@ -304,6 +345,13 @@ func (d *driver) promote() {
 	if err != nil {
 		d.problem("promote: %v", err)
 		return
+	}
+	// The leases the new primary has before any worker reaches it: the
+	// checker looks up there every lease live at the kill.
+	if ids, err := d.leaseIDs(ctx, db); err != nil {
+		d.problem("promote: read the promoted standby's leases: %v", err)
+	} else {
+		p.Snapshot, p.Survivors = true, ids
 	}
 	// Stamped before the proxy moves: no worker reaches the new primary
 	// before SwitchNS, and the old one was dead already.
@@ -321,6 +369,32 @@ func (d *driver) promote() {
 	d.mu.Unlock()
 	d.record(FaultPromote, "", time.Duration(p.SwitchNS-p.CutNS))
 	d.logf("promote: the standby is the primary (%d grants logged since the cut, %v after the kill)", tail.n, time.Duration(p.SwitchNS-p.KillNS).Round(time.Millisecond))
+}
+
+// leaseIDs returns the IDs of the lease rows db has in the run's
+// namespace.
+func (d *driver) leaseIDs(ctx context.Context, db *sql.DB) (map[string]bool, error) {
+	dl, _, err := dialectOf(d.cfg.Dialect)
+	if err != nil {
+		return nil, err
+	}
+	table := dialect.Namespace{Schema: d.spec.Schema}.Object(dl, "holders")
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rows, err := db.QueryContext(qctx, `SELECT lease_id FROM `+table)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	ids := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids[id] = true
+	}
+	return ids, rows.Err()
 }
 
 // grantTail counts the grants the workers logged that were made at or

@@ -64,7 +64,8 @@ func (d *driver) check(ctx context.Context) error {
 			}
 			return time.Unix(0, ns)
 		}
-		r.Promotion = &PromotionReport{Synced: at(p.SyncedNS), Cut: at(p.CutNS), Killed: at(p.KillNS), Switched: at(p.SwitchNS),
+		r.Promotion = &PromotionReport{Mode: p.Mode, S1: res.S1Across, LiveChecked: res.LiveChecked, LiveLost: res.LiveLost, PauseRefusals: res.PauseRefusals,
+			Synced: at(p.SyncedNS), Cut: at(p.CutNS), Killed: at(p.KillNS), Switched: at(p.SwitchNS),
 			GrantsLost: res.GrantsLost, AckedLost: res.AckedLost, TokensCompared: res.TokensCompared, S7: r.ViolationsByRule[RuleS7],
 			Refused: res.RefusedAcross, Overlaps: res.Overlaps, LongestOverlap: res.LongestOverlap, ClockTokens: res.ClockTokens}
 	}

@@ -42,6 +42,28 @@ const (
 	FaultPromote = "promote"
 )
 
+// Modes of the promote fault (Config.PromoteMode).
+const (
+	// PromoteAsync: the standby streams asynchronously and the workers
+	// have no failover pause; overlaps of a lost lease with a lease of the
+	// new primary are counted, not S1 violations (the residual risk of an
+	// asynchronous promotion), and acknowledged writes after the standby
+	// last caught up may be lost.
+	PromoteAsync = "async"
+	// PromotePause: as PromoteAsync, but every worker's Locker is built
+	// with lock.WithFailoverPause(MaxTTL), so the promoted standby grants
+	// nothing until MaxTTL after it is first seen: every overlap across
+	// the promotion is an S1 violation.
+	PromotePause = "pause"
+	// PromoteSync: the primary waits for its standby (synchronous_commit
+	// on); replication is not cut, the primary is killed while the
+	// standby is connected. Every overlap across the promotion is an S1
+	// violation, every acknowledged write missing from the new primary is
+	// a violation, and so is every lease live at the kill that the new
+	// primary does not have (RuleLostGrant).
+	PromoteSync = "sync"
+)
+
 // DefaultFaults lists the fault kinds a run injects when Config.Faults is
 // nil (those its dialect supports). FaultPromote is not among them: it
 // needs a standby, and it loses acknowledged commits by design (see
@@ -82,6 +104,9 @@ type Config struct {
 	// run here are skipped with a reason in Report.Skipped. FaultPromote
 	// (PostgreSQL private cluster only) is opt-in.
 	Faults []string
+	// PromoteMode is the mode of the promote fault: PromoteAsync (the
+	// default), PromotePause or PromoteSync.
+	PromoteMode string
 	// Seed makes the schedule of faults and workers' choices repeatable
 	// (default: random; the report prints it).
 	Seed uint64
@@ -154,6 +179,8 @@ type Report struct {
 // PromotionReport describes the run's failover to the standby (the
 // promote fault) and what the history shows across it.
 type PromotionReport struct {
+	// Mode is Config.PromoteMode.
+	Mode string
 	// Synced: the standby had replayed everything the primary had
 	// acknowledged before this instant (zero when WaitCaughtUp failed);
 	// Cut: replication was cut; Killed: the primary was killed;
@@ -180,6 +207,19 @@ type PromotionReport struct {
 	// longest of them.
 	Overlaps       int
 	LongestOverlap time.Duration
+	// S1 counts the S1 violations across the promotion: overlaps in the
+	// pause and sync modes (where none may happen), and in every mode
+	// those where the promoted standby had the earlier lease's row live.
+	S1 int
+	// LiveChecked is the number of leases live at the kill (granted, not
+	// released, their last acknowledged expiry past it) looked up on the
+	// promoted standby before any worker reached it; LiveLost those it did
+	// not have (violations in the sync mode only).
+	LiveChecked, LiveLost int
+	// PauseRefusals counts the acquires refused for the failover pause
+	// (ErrLocked with a holder of mode lock.FailoverPause), logged as
+	// ordinary refusals.
+	PauseRefusals int
 	// ClockTokens reports whether every token granted after the promotion
 	// is at least the database clock in µs at its grant (the hybrid-clock
 	// tokens that make S7 hold).
@@ -234,10 +274,15 @@ func (r *Report) String() string {
 		if !p.Synced.IsZero() {
 			synced = fmt.Sprintf("%v after the standby caught up", p.Cut.Sub(p.Synced).Round(time.Millisecond))
 		}
-		fmt.Fprintf(&b, "  promotion: replication cut (%s), primary killed %v later, standby serving %v after the kill\n",
-			synced, p.Killed.Sub(p.Cut).Round(time.Millisecond), p.Switched.Sub(p.Killed).Round(time.Millisecond))
-		fmt.Fprintf(&b, "  promotion: grants lost %d, acknowledged writes lost %d, tokens compared %d, S7 violations %d (clock tokens: %v), fenced writes refused %d, overlaps across the promotion %d (longest %v)\n",
-			p.GrantsLost, p.AckedLost, p.TokensCompared, p.S7, p.ClockTokens, p.Refused, p.Overlaps, p.LongestOverlap.Round(time.Millisecond))
+		if p.Mode == PromoteSync {
+			fmt.Fprintf(&b, "  promotion (mode %s): synchronous standby connected (%v after the last catch-up check), primary killed, standby serving %v after the kill\n",
+				p.Mode, p.Killed.Sub(p.Synced).Round(time.Millisecond), p.Switched.Sub(p.Killed).Round(time.Millisecond))
+		} else {
+			fmt.Fprintf(&b, "  promotion (mode %s): replication cut (%s), primary killed %v later, standby serving %v after the kill\n",
+				p.Mode, synced, p.Killed.Sub(p.Cut).Round(time.Millisecond), p.Switched.Sub(p.Killed).Round(time.Millisecond))
+		}
+		fmt.Fprintf(&b, "  promotion: grants lost %d, acknowledged writes lost %d, live leases lost %d of %d, tokens compared %d, S7 violations %d (clock tokens: %v), fenced writes refused %d, overlaps across the promotion %d (longest %v), S1 violations across it %d, failover-pause refusals %d\n",
+			p.GrantsLost, p.AckedLost, p.LiveLost, p.LiveChecked, p.TokensCompared, p.S7, p.ClockTokens, p.Refused, p.Overlaps, p.LongestOverlap.Round(time.Millisecond), p.S1, p.PauseRefusals)
 	}
 	for _, p := range r.Problems {
 		fmt.Fprintf(&b, "  problem: %s\n", p)
@@ -326,6 +371,13 @@ func (c *Config) fill() error {
 	case "mixed", "read committed", "repeatable read", "serializable":
 	default:
 		return configErr("isolation", fmt.Sprintf("%q", c.Isolation), `"read committed", "repeatable read", "serializable", "mixed"`)
+	}
+	switch c.PromoteMode {
+	case "":
+		c.PromoteMode = PromoteAsync
+	case PromoteAsync, PromotePause, PromoteSync:
+	default:
+		return configErr("promote mode", fmt.Sprintf("%q", c.PromoteMode), strings.Join([]string{PromoteAsync, PromotePause, PromoteSync}, ", "))
 	}
 	switch c.Broken {
 	case "", BrokenUnfenced, BrokenPhantom:
@@ -571,8 +623,16 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 		adminDSN = "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000"
 		workerDSN = adminDSN
 	case "postgres":
+		// In the sync mode of the promote fault the primary waits for its
+		// standby from the start: every commit, the migrations' too,
+		// waits until the standby is connected, so it is started at once.
+		syncPromote := enabled[FaultPromote] && d.cfg.PromoteMode == PromoteSync && pgcluster.Unavailable() == "" && pgcluster.ReplicationUnavailable() == ""
+		var ccfg pgcluster.Config
+		if syncPromote {
+			ccfg = pgcluster.Config{SynchronousStandby: standbyName, SynchronousCommit: "on"}
+		}
 		d.logf("starting a private PostgreSQL cluster")
-		c, cerr := pgcluster.New(ctx, pgcluster.Config{})
+		c, cerr := pgcluster.New(ctx, ccfg)
 		if cerr != nil {
 			if d.cfg.PostgresDSN == "" {
 				return cleanup, fmt.Errorf("chaos: cannot start a private PostgreSQL cluster (%v), and no fallback PostgreSQL DSN was given", cerr)
@@ -589,6 +649,17 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 			d.cluster = c
 			undo = append(undo, c.Remove)
 			adminDSN = c.DSN()
+			if syncPromote {
+				d.logf("starting a synchronous hot standby for the promote fault")
+				sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+				st, err := pgcluster.StartStandby(sctx, c, standbyName)
+				cancel()
+				if err != nil {
+					return cleanup, fmt.Errorf("chaos: start a synchronous standby for the promote fault: %w", err)
+				}
+				d.standby = st
+				undo = append(undo, st.Remove)
+			}
 		}
 		upstream, perr := hostPort(adminDSN)
 		if perr != nil {
@@ -640,7 +711,7 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 			return cleanup, fmt.Errorf("chaos: seed counter: %w", err)
 		}
 	}
-	if enabled[FaultPromote] && d.cluster != nil {
+	if enabled[FaultPromote] && d.cluster != nil && d.standby == nil {
 		if why := pgcluster.ReplicationUnavailable(); why != "" {
 			d.report.Skipped[FaultPromote] = why
 		} else {
@@ -648,7 +719,7 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 			// through a proxy of its own (CutReplication); it has the
 			// schema and the ledger already, or will once it replays.
 			d.logf("starting a hot standby for the promote fault")
-			st, err := pgcluster.StartStandby(sctx, d.cluster, "chaos_standby")
+			st, err := pgcluster.StartStandby(sctx, d.cluster, standbyName)
 			if err != nil {
 				return cleanup, fmt.Errorf("chaos: start a standby for the promote fault: %w", err)
 			}
@@ -658,6 +729,10 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 	}
 	d.spec = workerSpec{Dialect: d.cfg.Dialect, DSN: workerDSN, Schema: schema, Keys: keys, MaxBackoff: d.cfg.MaxBackoff,
 		ProbeBound: MaxTTL + d.cfg.MaxBackoff + d.cfg.ProbeGrace}
+	if d.cfg.Dialect == "postgres" && enabled[FaultPromote] && d.cfg.PromoteMode == PromotePause {
+		// At least every worker's TTL (they are in MinTTL..MaxTTL).
+		d.spec.FailoverPause = MaxTTL
+	}
 	for _, f := range d.cfg.Faults {
 		if _, skip := d.report.Skipped[f]; !skip {
 			d.report.Faults[f] = 0
@@ -665,6 +740,10 @@ func (d *driver) setup(ctx context.Context) (cleanup func(), err error) {
 	}
 	return cleanup, nil
 }
+
+// standbyName is the application_name of the promote fault's standby
+// (the name a synchronous primary waits for).
+const standbyName = "chaos_standby"
 
 func sepFor(dsn string) string {
 	if strings.Contains(dsn, "?") {

@@ -57,7 +57,11 @@ type workerSpec struct {
 	ProbeBound  time.Duration   `json:"probe_bound"` // a probe acquire's limit
 	LogPath     string          `json:"log"`
 	Broken      string          `json:"broken,omitempty"`
-	Seed        uint64          `json:"seed"`
+	// FailoverPause, when not 0, builds every Locker with
+	// lock.WithFailoverPause(FailoverPause) (the promote fault's pause
+	// mode).
+	FailoverPause time.Duration `json:"failover_pause,omitempty"`
+	Seed          uint64        `json:"seed"`
 }
 
 // IsWorker reports whether this process was started by Run as a chaos
@@ -143,6 +147,9 @@ func runWorker(spec workerSpec) error {
 				lock.WithOwner(fmt.Sprintf("%s.%d.%d", spec.Name, spec.Incarnation, i)), lock.WithLogger(logger.With("locker", i))}
 			if spec.Schema != "" {
 				opts = append(opts, lock.WithSchema(spec.Schema))
+			}
+			if spec.FailoverPause > 0 {
+				opts = append(opts, lock.WithFailoverPause(spec.FailoverPause))
 			}
 			l, err = lock.New(ctx, db, d, opts...)
 			cancel()
@@ -260,6 +267,21 @@ func errClass(err error) string {
 	return "error"
 }
 
+// pauseRefusal reports whether err is a refusal naming the failover pause
+// of a new primary (lock.FailoverPause) among the holders.
+func pauseRefusal(err error) bool {
+	var le *lock.LockedError
+	if !errors.As(err, &le) {
+		return false
+	}
+	for _, h := range le.Holders {
+		if h.Mode == lock.FailoverPause {
+			return true
+		}
+	}
+	return false
+}
+
 func errText(err error) string {
 	if err == nil {
 		return ""
@@ -284,7 +306,9 @@ func (w *worker) cycle(ctx context.Context, li int, key string, mode lock.Mode) 
 		if class == "reentrant" && w.spec.Broken == BrokenUnfenced {
 			class = "reentrant-orphaned" // it orphaned its last lease of the key
 		}
-		w.log.log(event{Ev: evAcquireErr, Locker: li, Key: key, Mode: modeName(mode), Class: class, Err: errText(err), WaitMS: time.Since(start).Milliseconds()})
+		// A refusal for the failover pause of a new primary is an
+		// ordinary refusal (class locked, no backoff), marked Pause.
+		w.log.log(event{Ev: evAcquireErr, Locker: li, Key: key, Mode: modeName(mode), Class: class, Err: errText(err), WaitMS: time.Since(start).Milliseconds(), Pause: pauseRefusal(err)})
 		if ctx.Err() == nil && !errors.Is(err, lock.ErrLocked) {
 			sleepCtx(ctx, 50*time.Millisecond)
 		}

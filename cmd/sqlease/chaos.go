@@ -32,6 +32,7 @@ func setupChaos(fs *flag.FlagSet, stdout, stderr io.Writer) func(context.Context
 	fs.IntVar(&cfg.Keys, "keys", 3, "number of keys the workers contend on (`N`, 1..64)")
 	fs.IntVar(&cfg.Lockers, "lockers", 2, "Lockers per worker, each with its own TTL in 300ms..2s (`N`, 1..8)")
 	fs.StringVar(&faults, "faults", "", "comma-separated fault `KINDS` to inject, or none (default: all the dialect supports of "+strings.Join(chaos.DefaultFaults, ",")+"; also "+chaos.FaultPromote+", PostgreSQL only, opt-in: fail the private cluster over to an asynchronous standby once, with grants lost)")
+	fs.StringVar(&cfg.PromoteMode, "promote-mode", chaos.PromoteAsync, "`MODE` of the promote fault: "+chaos.PromoteAsync+" (overlaps across the promotion counted, not S1), "+chaos.PromotePause+" (workers' Lockers with the failover pause: overlaps are S1 violations) or "+chaos.PromoteSync+" (a synchronous standby, no cut: overlaps, lost acknowledged writes and lost live leases are violations)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "`SEED` of the fault schedule and the workers' choices (default: random, printed)")
 	fs.StringVar(&cfg.Dir, "dir", "", "keep worker logs and the SQLite file in `DIR` (default: a temporary directory, kept only when the run fails)")
 	fs.StringVar(&cfg.PostgresDSN, "dsn", "", "PostgreSQL `DSN` on 127.0.0.1 to use when no private cluster can be started (no server binaries or no OS user postgres); the restart fault is then skipped (default $SQLEASE_DSN)")
