@@ -104,10 +104,9 @@ func setup(ctx context.Context, cfg config) (*env, error) {
 // docs/operations.md recommends for that driver (synchronous stays the
 // driver's default, NORMAL). The raw baseline runs on the same DSN. Without
 // the cache mattn compiles every statement on every call (docs/performance.md,
-// "Status after the PostgreSQL fast path", has the runs with and without
-// it). A busy timeout of at most 5 s (the default release timeout) spares
-// each release two PRAGMA statements (docs/performance.md, "Changes for
-// issue 12 and what they bought").
+// "SQLite: statements and pages", has a run with and without it). A busy
+// timeout of at most 5 s (the default release timeout) spares each release
+// two PRAGMA statements (same section).
 func sqliteDSN(path string) string {
 	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000&_stmt_cache_size=32"
 }
