@@ -66,6 +66,9 @@ type Holder struct {
 }
 
 func (h Holder) String() string {
+	if h.Mode == FailoverPause {
+		return fmt.Sprintf("%s until %s (a new primary grants nothing until then)", h.Mode, h.Expiry.UTC().Format(time.RFC3339Nano))
+	}
 	return fmt.Sprintf("%s %s owner=%q token=%d expires=%s", h.Mode, h.LeaseID, h.Owner, h.Token, h.Expiry.UTC().Format(time.RFC3339Nano))
 }
 
@@ -76,7 +79,9 @@ type LockedError struct {
 	// Holders are the live leases in a conflicting mode and the pending
 	// writer marker, if any, as seen by the last attempt; for a FIFO
 	// acquire also the conflicting tickets ahead of it (mode Queued, SPEC
-	// W6).
+	// W6). A new primary inside its failover pause is one holder of mode
+	// FailoverPause whose Expiry is the end of the pause (SPEC S7,
+	// WithFailoverPause).
 	Holders []Holder
 	// Waited is how long a blocking acquire waited before giving up (0 for
 	// a try).

@@ -11,8 +11,8 @@ import (
 
 // WithFailoverPause turns on the failover pause for the Locker's namespace
 // (SPEC S7): a primary the namespace has not seen before (a promoted
-// standby, a restored dump) grants nothing until maxTTL after the engine
-// first sees it, while the leases whose rows survived renew as usual. So a
+// standby, a dump restored into another cluster) grants nothing until
+// maxTTL after the engine first sees it, while the leases whose rows survived renew as usual. So a
 // holder whose grant an asynchronous standby never received has seen its
 // trusted window end before anyone else can be granted its key. maxTTL
 // must be at least the TTL of every Locker of the namespace; the longest
@@ -47,7 +47,7 @@ func (l *Locker) seePrimary(ctx context.Context, pause time.Duration) (until, no
 	var untilUS, nowUS int64
 	err = l.db.QueryRowContext(ctx, l.st.seePrimary.SQL, l.st.seePrimary.Args(map[string]any{"pause_us": pause.Microseconds()})...).Scan(&untilUS, &nowUS)
 	if err != nil {
-		return time.Time{}, time.Time{}, fmt.Errorf("lock: record the primary for the failover pause: %w", err)
+		return time.Time{}, time.Time{}, fmt.Errorf("record the primary for the failover pause: %w", err)
 	}
 	return time.UnixMicro(untilUS), time.UnixMicro(nowUS), nil
 }

@@ -220,6 +220,12 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 	if err := dialect.CheckPrimary(ctx, db, d, "lock"); err != nil {
 		return nil, err
 	}
+	if cfg.renewDB != nil && cfg.renewDB != db {
+		// Renewals must reach the primary too (SPEC S7).
+		if err := dialect.CheckPrimary(ctx, cfg.renewDB, d, ""); err != nil {
+			return nil, fmt.Errorf("lock: the renewal pool (WithRenewDB): %w", err)
+		}
+	}
 	if cfg.sweepEvery > 0 {
 		defer func() {
 			if err == nil {
@@ -238,7 +244,7 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 	}
 	if cfg.failoverPause > 0 {
 		if _, _, err := l.seePrimary(ctx, cfg.failoverPause); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("lock: %w", err)
 		}
 	}
 	return l, nil

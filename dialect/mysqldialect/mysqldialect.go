@@ -286,7 +286,7 @@ const nowUS = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6
 const primaryQuery = `SELECT IF(@@global.read_only, 1, 0) AS read_only,
   CASE
     WHEN @@global.read_only THEN CONCAT('server ', @@hostname, ':', @@port,
-      ' is read-only (read_only=ON): a replica; take locks on the primary')
+      ' (read_only=ON)')
     WHEN 0 /*M!100000 OR @@global.wsrep_on */ /*!80000 OR COALESCE((SELECT variable_value FROM performance_schema.global_variables WHERE variable_name = 'wsrep_on'), 'OFF') = 'ON' */
       THEN CONCAT('server ', @@hostname, ':', @@port,
       ' is a Galera cluster node (wsrep_on=ON): the MySQL dialect serializes the grants of a key with GET_LOCK, which Galera does not replicate to the other nodes')

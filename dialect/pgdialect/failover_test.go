@@ -349,8 +349,16 @@ func TestStandbyRefusesLocker(t *testing.T) {
 		t.Fatalf("sqlease status on a hot standby: exit %d, stderr %q; want a failure saying read-only and naming the DSN", code, stderr.String())
 	}
 	t.Logf("lock.New: %v; sqlease status: %s", err, stderr.String())
+	// A renewal pool on the standby is refused too.
+	pdb := foOpen(t, p.DSN())
+	if l, err := lock.New(ctx, pdb, pgdialect.New(), lock.WithRenewDB(sdb)); !errors.Is(err, lock.ErrReadOnly) || !strings.Contains(err.Error(), "renewal pool") {
+		if l != nil {
+			l.Close(ctx)
+		}
+		t.Fatalf("lock.New with a renewal pool on a hot standby: want ErrReadOnly naming the renewal pool, got %v", err)
+	}
 	// The primary is unaffected.
-	pl := foLocker(t, ctx, foOpen(t, p.DSN()))
+	pl := foLocker(t, ctx, pdb)
 	le, err := pl.TryAcquire(ctx, "k", lock.Exclusive)
 	if err != nil {
 		t.Fatalf("primary after the standby was refused: %v", err)

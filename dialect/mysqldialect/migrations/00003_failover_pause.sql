@@ -42,7 +42,8 @@ CREATE TABLE {epoch} (
     id       TINYINT NOT NULL PRIMARY KEY CHECK (id = 1),
     server   VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     since_us BIGINT NOT NULL,
-    pause_us BIGINT NOT NULL
+    -- At most lock.MaxTTL (24 h): since_us + pause_us cannot overflow.
+    pause_us BIGINT NOT NULL CHECK (pause_us BETWEEN 0 AND 86400000000)
 ) ENGINE = InnoDB;
 
 -- {primary_seen}(p_pause_us): records this server in the {epoch} row (with

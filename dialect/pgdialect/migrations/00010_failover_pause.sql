@@ -28,7 +28,8 @@ CREATE TABLE {epoch} (
     id       int PRIMARY KEY CHECK (id = 1),
     server   text NOT NULL,
     since_us bigint NOT NULL,
-    pause_us bigint NOT NULL
+    -- At most lock.MaxTTL (24 h): since_us + pause_us cannot overflow.
+    pause_us bigint NOT NULL CHECK (pause_us BETWEEN 0 AND 86400000000)
 );
 
 -- +goose StatementBegin
