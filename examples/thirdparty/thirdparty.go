@@ -95,7 +95,10 @@ func (Dialect) Statements() dialect.Statements {
 			`DELETE FROM {waiters} WHERE lock_key = @key AND expires_us <= ` + now,
 			// The counter moves only for a grant; the insert below sees
 			// the same condition in the same transaction.
-			`UPDATE {tokens} SET last = last + 1 WHERE id = 1 AND @mode IN ('x', 's') AND NOT ` + blocked,
+			// A token is the greater of the last one plus one and the
+			// clock in microseconds, so a database restored from an older
+			// copy never reissues one (SPEC S7).
+			`UPDATE {tokens} SET last = max(last + 1, ` + now + `) WHERE id = 1 AND @mode IN ('x', 's') AND NOT ` + blocked,
 			`INSERT INTO {holders} (lease_id, lock_key, mode, owner, token, expires_us)
 SELECT @lease_id, @key, @mode, @owner, t.last, ` + now + ` + @ttl_us FROM {tokens} t
 WHERE t.id = 1 AND @mode IN ('x', 's') AND NOT ` + blocked,
