@@ -235,3 +235,50 @@ func cutPrefixFold(s, prefix string) (string, bool) {
 	}
 	return s, false
 }
+
+// refusal recognises, in the error of a ping, a server that answered but
+// refused the connection: the role (wrong user or password) or the
+// database (it does not exist), as the built-in drivers report them
+// (pgconn.PgError: SQLSTATE 28000, 28P01, 3D000; mysql.MySQLError: 1045,
+// 1049). It returns the usage error saying which, naming the role or
+// database and the DSN without its password.
+func refusal(t target, err error) (error, bool) {
+	var role, database, reason string
+	var badRole, badDB bool
+	var pe *pgconn.PgError
+	var me *mysql.MySQLError
+	switch {
+	case errors.As(err, &pe):
+		reason = pe.Message
+		switch pe.Code {
+		case "28000", "28P01": // invalid_authorization_specification, invalid_password
+			badRole = true
+		case "3D000": // invalid_catalog_name
+			badDB = true
+		}
+		if cfg, perr := pgx.ParseConfig(t.dsn); perr == nil {
+			role, database = cfg.User, cfg.Database
+		}
+	case errors.As(err, &me):
+		reason = me.Message
+		switch me.Number {
+		case 1045: // ER_ACCESS_DENIED_ERROR
+			badRole = true
+		case 1049: // ER_BAD_DB_ERROR
+			badDB = true
+		}
+		if cfg, perr := mysql.ParseDSN(t.dsn); perr == nil {
+			role, database = cfg.User, cfg.DBName
+		}
+	}
+	reason = scrubSecrets(reason, t.dsn)
+	switch {
+	case badRole:
+		return usageErr("role %q was refused by the %s database %s: %s; check the user and password of the DSN",
+			role, t.dialect.Name(), t.where(), reason), true
+	case badDB:
+		return usageErr("database %q does not exist on the %s server %s; create it, or name an existing database in the DSN",
+			database, t.dialect.Name(), t.where()), true
+	}
+	return nil, false
+}

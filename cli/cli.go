@@ -94,7 +94,9 @@
 // database or lock tables that are not migrated (status, sweep). A DSN its
 // driver cannot parse is reported as `malformed postgres DSN "..."`, with
 // the parser's reason and no connection tried; one that parses but whose
-// server does not answer as "cannot reach". migrate status exits 0 with migrations pending,
+// server does not answer as "cannot reach"; a server that refuses the role
+// or has no such database as `role "x" was refused ...` or `database "y"
+// does not exist ...` (exit 2, the DSN named without its password). migrate status exits 0 with migrations pending,
 // or with a database newer than the build: it lists them and says what to
 // do; a script compares the "version" and "latest" of its --json output.
 package cli

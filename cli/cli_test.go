@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1535,6 +1536,61 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 		outside := regexp.MustCompile(`"(?:[^"\\]|\\.)*"`).ReplaceAllString(r.stderr, `""`)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) || regexp.MustCompile(`(^|[\s:])-[a-z]`).MatchString(outside) {
 			t.Errorf("%q: want exit 2 with %q and no single-dash flag, got %v", tc.args, tc.want, r)
+		}
+	}
+}
+
+// TestRefusedRoleOrDatabase: a server that answers but refuses the role or
+// has no such database is not reported as unreachable: the message names
+// the role or database and the DSN without its password, exit 2.
+func TestRefusedRoleOrDatabase(t *testing.T) {
+	type tc struct {
+		dsn, want, not string
+	}
+	var cases []tc
+	if os.Getenv("SQLEASE_POSTGRES_DSN") != "" {
+		dsn := conftest.PostgresDSN(t)
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		role := *u
+		role.User = url.UserPassword("sqlease_no_such_role", "topsecret")
+		db := *u
+		db.Path = "/sqlease_no_such_db"
+		cases = append(cases,
+			tc{role.String(), `role "sqlease_no_such_role" was refused by the postgres database postgres://***@` + u.Host + u.Path, "topsecret"},
+			tc{db.String(), `database "sqlease_no_such_db" does not exist on the postgres server postgres://***@` + u.Host + "/sqlease_no_such_db", ""})
+	}
+	if os.Getenv("SQLEASE_MYSQL_DSN") != "" {
+		cfg, err := mysql.ParseDSN(conftest.MySQLDSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		role := cfg.Clone()
+		role.User, role.Passwd = "sqlease_no_such_role", "topsecret"
+		db := cfg.Clone()
+		db.DBName = "sqlease_no_such_db"
+		cases = append(cases,
+			tc{role.FormatDSN(), `role "sqlease_no_such_role" was refused by the mysql database ***@` + cfg.Net + "(" + cfg.Addr + ")/" + cfg.DBName, "topsecret"},
+			tc{db.FormatDSN(), `database "sqlease_no_such_db" does not exist on the mysql server`, ""},
+			// The CLI's URL form.
+			tc{"mysql://sqlease_no_such_role:topsecret@" + cfg.Addr + "/" + cfg.DBName, `role "sqlease_no_such_role" was refused by the mysql database`, "topsecret"},
+			tc{"mysql://" + cfg.User + "@" + cfg.Addr + "/sqlease_no_such_db", `database "sqlease_no_such_db" does not exist on the mysql server`, ""})
+	}
+	if len(cases) == 0 {
+		t.Skip("needs $SQLEASE_POSTGRES_DSN or $SQLEASE_MYSQL_DSN")
+	}
+	for _, c := range cases {
+		for _, cmd := range []string{"migrate", "status"} {
+			r := cli(t, cmd, "--dsn", c.dsn)
+			msg := strings.TrimSpace(r.stderr)
+			if r.code != 2 || !strings.HasPrefix(msg, "sqlease "+cmd+": "+c.want) || strings.Contains(msg, "\n") || strings.Contains(msg, "cannot reach") {
+				t.Errorf("%s --dsn %s: want exit 2 and one line %q, got %v", cmd, redactDSN(c.dsn), c.want, r)
+			}
+			if c.not != "" && strings.Contains(msg, c.not) {
+				t.Errorf("%s: the message shows the password: %s", cmd, msg)
+			}
 		}
 	}
 }

@@ -171,7 +171,7 @@ func open(ctx context.Context, f *dbFlags, mustExist bool) (*sql.DB, target, err
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		db.Close()
-		return nil, t, usageErr("cannot reach the %s database %s: %s", t.dialect.Name(), t.where(), scrubSecrets(err.Error(), t.dsn))
+		return nil, t, pingErr(t, err)
 	}
 	// A replica would take grants the primary never sees (SPEC S7).
 	if err := dialect.CheckPrimary(pctx, db, t.dialect, ""); err != nil {
@@ -179,6 +179,17 @@ func open(ctx context.Context, f *dbFlags, mustExist bool) (*sql.DB, target, err
 		return nil, t, usageErr("%s (--dsn %s)", scrubSecrets(err.Error(), t.dsn), t.where())
 	}
 	return db, t, nil
+}
+
+// pingErr is the usage error (exit 2) for a database that did not answer
+// the ping: a server that refused the role or has no such database says
+// so (the driver's error types tell them apart); anything else is
+// "cannot reach". Each names the DSN without its password.
+func pingErr(t target, err error) error {
+	if e, ok := refusal(t, err); ok {
+		return e
+	}
+	return usageErr("cannot reach the %s database %s: %s", t.dialect.Name(), t.where(), scrubSecrets(err.Error(), t.dsn))
 }
 
 // where names the database for a message: its file, or its DSN without
