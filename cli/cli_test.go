@@ -1594,3 +1594,31 @@ func TestRefusedRoleOrDatabase(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemaOnSQLite: --schema on SQLite is refused in the tool's terms
+// (SQLite has no schemas: use --prefix), not the dialect package's
+// (CapSchemas), before and after the database is reached.
+func TestSchemaOnSQLite(t *testing.T) {
+	path := migrated(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--dsn", path, "--schema", "app"}, `invalid --schema "app": sqlite databases have no schemas; omit --schema and keep lock tables apart with --prefix (such as --prefix app_)`},
+		{[]string{"migrate", "--dsn", path, "--schema", "locks"}, `invalid --schema "locks": sqlite databases have no schemas; omit --schema and keep lock tables apart with --prefix (such as --prefix locks_)`},
+		{[]string{"sweep", "--dsn", path, "--schema", "Bad-Name"}, `invalid --schema "Bad-Name": sqlite databases have no schemas; omit --schema and keep lock tables apart with --prefix (such as --prefix app_)`},
+		{[]string{"drop", "--dsn", filepath.Join(t.TempDir(), "absent.db"), "--schema", "app", "--yes"}, `invalid --schema "app": sqlite databases have no schemas`},
+	} {
+		r := cli(t, tc.args...)
+		if r.code != 2 || !strings.HasPrefix(r.stderr, "sqlease "+tc.args[0]+": "+tc.want) || strings.Contains(r.stderr, "CapSchemas") || strings.Count(r.stderr, "\n") != 1 {
+			t.Errorf("%q: want exit 2 and one line %q, got %v", tc.args, tc.want, r)
+		}
+	}
+	// The suggested flag works.
+	if r := cli(t, "migrate", "--dsn", path, "--prefix", "app_"); r.code != 0 {
+		t.Errorf("migrate --prefix app_: %v", r)
+	}
+	if r := cli(t, "status", "--dsn", path, "--prefix", "app_"); r.code != 0 {
+		t.Errorf("status --prefix app_: %v", r)
+	}
+}

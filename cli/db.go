@@ -264,10 +264,25 @@ func (c *dbCmd) locker(ctx context.Context) (l *lock.Locker, closeAll func(), er
 // and rejects a schema its backend reserves (a system schema such as
 // PostgreSQL's pg_catalog). Errors are usage errors naming the flag.
 func checkNamespace(t target, ns dialect.Namespace) error {
+	if ns.Schema != "" && !t.dialect.Capabilities().Has(dialect.CapSchemas) {
+		// Validate's reason names the capability, which means nothing to
+		// someone running the tool.
+		return usageErr("invalid --schema %q: %s databases have no schemas; omit --schema and keep lock tables apart with --prefix (such as --prefix %s)",
+			ns.Schema, t.dialect.Name(), prefixExample(ns.Schema))
+	}
 	if err := ns.Validate(t.dialect); err != nil {
 		return inputUsageErr(err)
 	}
 	return nil
+}
+
+// prefixExample suggests a --prefix in place of a schema name: the name
+// and "_" when that is a valid prefix, else "app_".
+func prefixExample(schema string) string {
+	if p := schema + "_"; (dialect.Namespace{Prefix: p}).Validate(nil) == nil {
+		return p
+	}
+	return "app_"
 }
 
 // inputUsageErr turns an input error of lock, migrate or dialect into a
