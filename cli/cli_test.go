@@ -1511,8 +1511,8 @@ func TestUnknownDSNNamesIt(t *testing.T) {
 
 // TestFlagErrorsNameTheFlag: a flag error spells the flag with two dashes
 // as the usage text does, says what kind of value it takes, never changes
-// the value the user gave, and an empty --prefix or --schema is refused
-// instead of silently meaning the default (SPEC I1).
+// the value the user gave, and an empty --schema is refused instead of
+// silently meaning the connection's schema (SPEC I1).
 func TestFlagErrorsNameTheFlag(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -1527,8 +1527,6 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 		{[]string{"sweep", "--limit", "x for -dsn"}, `invalid value "x for -dsn" for flag --limit: want a whole number;`},
 		{[]string{"check", "--timeout", "5"}, `invalid value "5" for flag --timeout: want a duration: a number with a unit (ms, s, m, h)`},
 		{[]string{"check", "--full=maybe"}, `invalid boolean value "maybe" for --full: want true or false;`},
-		{[]string{"status", "--prefix", ""}, `invalid value "" for flag --prefix: empty; omit --prefix for the default "sqlease_"`},
-		{[]string{"migrate", "status", "-prefix="}, `for flag --prefix: empty`},
 		{[]string{"status", "--schema", ""}, `invalid value "" for flag --schema: empty; omit --schema for the connection's default schema`},
 	} {
 		r := cli(t, tc.args...)
@@ -1620,5 +1618,38 @@ func TestSchemaOnSQLite(t *testing.T) {
 	}
 	if r := cli(t, "status", "--dsn", path, "--prefix", "app_"); r.code != 0 {
 		t.Errorf("status --prefix app_: %v", r)
+	}
+}
+
+// TestEmptyPrefixIsDefault: an empty --prefix means the default prefix, as
+// lock.WithTablePrefix("") does, in every command and spelling.
+func TestEmptyPrefixIsDefault(t *testing.T) {
+	path := migrated(t)
+	l := locker(t, path, lock.WithOwner("worker-a"), lock.WithTTL(time.Minute))
+	if _, err := l.TryAcquire(t.Context(), "jobs/nightly", lock.Exclusive); err != nil {
+		t.Fatal(err)
+	}
+	if r := cli(t, "migrate", "--dsn", path, "--prefix", ""); r.code != 0 || !strings.Contains(r.stdout, "already up to date") {
+		t.Errorf("migrate --prefix '': want the default tables up to date, got %v", r)
+	}
+	if r := cli(t, "migrate", "status", "--dsn", path, "-prefix="); r.code != 0 || !strings.Contains(r.stdout, "up to date (table sqlease_db_version)") {
+		t.Errorf("migrate status -prefix=: want the default version table, got %v", r)
+	}
+	if hs := statusJSON(t, "--dsn", path, "--prefix", ""); len(hs) != 1 || hs[0].Key != "jobs/nightly" {
+		t.Errorf("status --prefix '': want the lease in the default tables, got %+v", hs)
+	}
+	if r := cli(t, "sweep", "--dsn", path, "--prefix="); r.code != 0 {
+		t.Errorf("sweep --prefix=: %v", r)
+	}
+	if r := cli(t, "drop", "--dsn", path, "--prefix", ""); r.code != 2 || !strings.Contains(r.stderr, "of prefix sqlease_ in") {
+		t.Errorf("drop --prefix '' without --yes: want exit 2 naming prefix sqlease_, got %v", r)
+	}
+	// --schema '' is still refused: it would mean whatever schema the
+	// connection has.
+	if r := cli(t, "status", "--dsn", path, "--schema", ""); r.code != 2 || !strings.Contains(r.stderr, `invalid value "" for flag --schema: empty`) {
+		t.Errorf("status --schema '': want exit 2, got %v", r)
+	}
+	if r := cli(t, "help", "status"); !strings.Contains(r.stdout, "which an empty --prefix also means") {
+		t.Errorf("help status: want --prefix to say an empty one means the default, got %v", r)
 	}
 }

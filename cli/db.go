@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"flag"
-	"fmt"
 	"log/slog"
 	"os"
 	"slices"
@@ -39,8 +38,11 @@ type nsFlags struct {
 }
 
 func (f *nsFlags) register(fs *flag.FlagSet) {
-	// An empty --schema or --prefix (an unset shell variable, say) would
-	// silently mean the default: refused (SPEC I1).
+	// An empty --schema (an unset shell variable, say) would silently mean
+	// the connection's schema, whatever it is: refused (SPEC I1). An empty
+	// --prefix means the default prefix, as lock.WithTablePrefix("") and
+	// migrate.WithNamespace do: the namespace it names is fixed and every
+	// message and confirmation names it.
 	fs.Func("schema", "`SCHEMA` holding the lock tables (dialects with schemas: PostgreSQL, MySQL database; default: the connection's)", func(v string) error {
 		if v == "" {
 			return errors.New("empty; omit --schema for the connection's default schema, or name one")
@@ -48,10 +50,7 @@ func (f *nsFlags) register(fs *flag.FlagSet) {
 		f.schema = v
 		return nil
 	})
-	fs.Func("prefix", "table name `PREFIX` of the lock tables (default \""+dialect.DefaultPrefix+"\")", func(v string) error {
-		if v == "" {
-			return fmt.Errorf("empty; omit --prefix for the default %q, or give one such as \"myapp_\"", dialect.DefaultPrefix)
-		}
+	fs.Func("prefix", "table name `PREFIX` of the lock tables (default \""+dialect.DefaultPrefix+"\", which an empty --prefix also means)", func(v string) error {
 		f.prefix = v
 		return nil
 	})
