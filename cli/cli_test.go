@@ -1313,7 +1313,8 @@ func testDropServer(t *testing.T, dsn, schema string, leftovers func() []string)
 	if r := cli(t, "status", "--dsn", dsn, "--schema", schema); r.code != 0 {
 		t.Fatalf("status after drop and migrate: %v", r)
 	}
-	if r := cli(t, "drop", "--dsn", dsn, "--schema", schema, "--yes"); r.code != 0 || !strings.Contains(r.stdout, "schema "+schema+" is kept") {
+	if r := cli(t, "drop", "--dsn", dsn, "--schema", schema, "--yes"); r.code != 0 || !strings.Contains(r.stdout, "schema "+schema+" is kept") ||
+		!strings.Contains(r.stdout, "; `sqlease migrate up --dsn DSN --schema "+schema+"` installs it afresh") {
 		t.Fatalf("second drop: %v", r)
 	}
 	if left := leftovers(); len(left) != 0 {
@@ -1651,5 +1652,52 @@ func TestEmptyPrefixIsDefault(t *testing.T) {
 	}
 	if r := cli(t, "help", "status"); !strings.Contains(r.stdout, "which an empty --prefix also means") {
 		t.Errorf("help status: want --prefix to say an empty one means the default, got %v", r)
+	}
+}
+
+// TestDropHintRepeatsFlags: drop's closing advice to reinstall repeats the
+// flags that were given (--dialect, --dsn as the placeholder DSN, unless
+// it came from $SQLEASE_DSN, --prefix), as the advice to migrate does, and
+// runs as printed.
+func TestDropHintRepeatsFlags(t *testing.T) {
+	hint := regexp.MustCompile("; `(sqlease migrate up[^`]*)` installs it afresh\n")
+	for _, tc := range []struct {
+		env  bool     // the DSN from $SQLEASE_DSN
+		args []string // the flags besides --dsn
+		want string
+	}{
+		{false, nil, "sqlease migrate up --dsn DSN"},
+		{false, []string{"--prefix", "app_"}, "sqlease migrate up --dsn DSN --prefix app_"},
+		{false, []string{"--dialect", "sqlite", "--prefix", "app_"}, "sqlease migrate up --dialect sqlite --dsn DSN --prefix app_"},
+		{true, []string{"--prefix", "app_"}, "sqlease migrate up --prefix app_"},
+	} {
+		t.Setenv(dsnEnv, "")
+		path := sqliteFile(t)
+		dsnArgs := []string{"--dsn", path}
+		if tc.env {
+			t.Setenv(dsnEnv, path)
+			dsnArgs = nil
+		}
+		if r := cli(t, append(append([]string{"migrate"}, dsnArgs...), tc.args...)...); r.code != 0 {
+			t.Fatalf("migrate %q: %v", tc.args, r)
+		}
+		r := cli(t, append(append([]string{"drop", "--yes"}, dsnArgs...), tc.args...)...)
+		m := hint.FindStringSubmatch(r.stdout)
+		if r.code != 0 || m == nil || m[1] != tc.want {
+			t.Errorf("drop %q (DSN from env %v): want the hint %q, got %v", tc.args, tc.env, tc.want, r)
+			continue
+		}
+		run := strings.Fields(strings.TrimPrefix(m[1], "sqlease "))
+		for i, a := range run {
+			if a == "DSN" {
+				run[i] = path
+			}
+		}
+		if r := cli(t, run...); r.code != 0 || !strings.Contains(r.stdout, "OK   00001_") {
+			t.Errorf("the hinted %q: want the tables installed afresh, got %v", run, r)
+		}
+		if r := cli(t, append(append([]string{"status"}, dsnArgs...), tc.args...)...); r.code != 0 {
+			t.Errorf("status %q after the hinted migrate: %v", tc.args, r)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/migrate"
 )
 
@@ -114,11 +115,29 @@ func setupDrop(fs *flag.FlagSet, out *output) func(context.Context, []string) er
 		if len(existing) > 0 {
 			dropped = strings.Join(existing, ", ")
 		}
-		fmt.Fprintf(out.stdout, "uninstalled in %s: reverted %d migrations and dropped %s (%s); `sqlease migrate up` installs it afresh\n",
-			round(time.Since(start)), len(res.Reverted), dropped, nsWhere(t, ns))
+		fmt.Fprintf(out.stdout, "uninstalled in %s: reverted %d migrations and dropped %s (%s); `%s` installs it afresh\n",
+			round(time.Since(start)), len(res.Reverted), dropped, nsWhere(t, ns), commandLine("migrate up", c.db.connAdvice(), ns))
 		if ns.Schema != "" {
 			fmt.Fprintf(out.stdout, "schema %s is kept (it may hold other objects)\n", ns.Schema)
 		}
 		return nil
 	}
+}
+
+// commandLine is the sqlease command line to run cmd on the same database
+// and namespace: the connection flags as connAdvice gives them (the DSN
+// as the placeholder DSN), then --schema and --prefix when given, in the
+// order of the advice to migrate (advice.MigrateUpWith).
+func commandLine(cmd, connFlags string, ns dialect.Namespace) string {
+	line := "sqlease " + cmd
+	if connFlags != "" {
+		line += " " + connFlags
+	}
+	if ns.Schema != "" {
+		line += " --schema " + ns.Schema
+	}
+	if ns.Prefix != "" {
+		line += " --prefix " + ns.Prefix
+	}
+	return line
 }
