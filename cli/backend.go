@@ -42,6 +42,11 @@ type Backend struct {
 	// both are empty when Embedded and no DSN was given. cleanup runs after
 	// the cases (it may be nil). Nil: the backend cannot be checked.
 	Check func(ctx context.Context, driverDSN, file string) (cfg conformance.Config, cleanup func() error, err error)
+	// InMemory reports whether a DSN names a database that lives only as
+	// long as the connection (SQLite's ":memory:", mode=memory): migrate,
+	// status, sweep and drop refuse it (exit 2), since nothing they did
+	// would last and no other process can see it. Nil: no DSN is.
+	InMemory func(dsn string) bool
 	// Embedded: check runs on this backend when no DSN is given (an
 	// embedded database in a temporary directory). At most one backend
 	// should set it.

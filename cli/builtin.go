@@ -51,7 +51,9 @@ func init() {
 		Forms:    "file:PATH, sqlite:PATH or a path ending in .db, .sqlite or .sqlite3",
 		Embedded: true,
 		Match: func(dsn string) bool {
-			if hasPrefixFold(dsn, "file:") || hasPrefixFold(dsn, "sqlite:") {
+			// ":memory:" is claimed so that migrate and the others can
+			// say why they refuse it (see InMemory).
+			if hasPrefixFold(dsn, "file:") || hasPrefixFold(dsn, "sqlite:") || strings.HasPrefix(dsn, ":memory:") {
 				return true
 			}
 			path, _, _ := strings.Cut(strings.ToLower(dsn), "?")
@@ -65,6 +67,10 @@ func init() {
 		DSN: func(dsn string) (string, string, error) {
 			d, path := sqliteDSN(dsn)
 			return d, path, nil
+		},
+		InMemory: func(dsn string) bool {
+			_, path := sqliteDSN(dsn)
+			return path == ""
 		},
 		// Cases never touch the DSN's file: each gets a new file in a
 		// temporary directory next to it (to check that filesystem), or
@@ -126,7 +132,9 @@ const sqliteBusyTimeoutMS = 5000
 
 // sqliteDSN turns a sqlite:PATH or sqlite://PATH DSN into one
 // modernc.org/sqlite (and mattn/go-sqlite3) accept, adds a busy timeout when none is set, and
-// returns the database file's path.
+// returns the database file's path: "" for a database that lives only
+// as long as its connection (":memory:", mode=memory, vfs=memdb, or no
+// path at all, which SQLite takes for a temporary database).
 func sqliteDSN(dsn string) (string, string) {
 	if rest, ok := cutPrefixFold(dsn, "sqlite://"); ok {
 		dsn = rest
@@ -147,10 +155,24 @@ func sqliteDSN(dsn string) (string, string) {
 			path = strings.TrimPrefix(path, "//")
 		}
 	}
-	if path == "" || path == ":memory:" || strings.Contains(query, "mode=memory") {
+	if path == "" || path == ":memory:" || sqliteMemoryParams(query) {
 		path = ""
 	}
 	return dsn, path
+}
+
+// sqliteMemoryParams reports whether the query parameters of a SQLite URI
+// make the database live in memory: mode=memory (SQLite's URI parameter)
+// or vfs=memdb (modernc.org/sqlite's in-memory VFS). A parameter that only
+// ends in "mode", such as _journal_mode=MEMORY, keeps a file database.
+func sqliteMemoryParams(query string) bool {
+	for _, kv := range strings.Split(query, "&") {
+		k, v, _ := strings.Cut(kv, "=")
+		if (k == "mode" && v == "memory") || (k == "vfs" && v == "memdb") {
+			return true
+		}
+	}
+	return false
 }
 
 // mysqlDSN turns mysql://user:pass@host:port/db?param=v (or mariadb://)

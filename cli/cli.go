@@ -90,7 +90,9 @@
 // failed or a confirmation was declined; 2 bad usage (every bad input: an
 // unknown flag or argument, an unknown --dialect, a malformed DSN, a key
 // prefix that is not valid UTF-8, has a NUL or is over 512 bytes, a bad or
-// reserved schema such as pg_catalog, a missing --yes), an unreachable
+// reserved schema such as pg_catalog, a missing --yes, an in-memory
+// SQLite DSN such as file::memory: for migrate, status, sweep or drop,
+// whose database would vanish when the command exits), an unreachable
 // database or lock tables that are not migrated (status, sweep). A DSN its
 // driver cannot parse is reported as `malformed postgres DSN "..."`, with
 // the parser's reason and no connection tried; one that parses but whose

@@ -1016,6 +1016,10 @@ func TestResolve(t *testing.T) {
 		{dsn: "sqlite:///tmp/b.sqlite", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "/tmp/b.sqlite?_busy_timeout=5000", wantPath: "/tmp/b.sqlite"},
 		{dsn: "sqlite:rel/c", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "rel/c?_busy_timeout=5000", wantPath: "rel/c"},
 		{dsn: "file::memory:?cache=shared", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "file::memory:?cache=shared&_busy_timeout=5000"},
+		{dsn: ":memory:", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: ":memory:?_busy_timeout=5000"},
+		{dsn: "file:memdb1?mode=memory&cache=shared", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "file:memdb1?mode=memory&cache=shared&_busy_timeout=5000"},
+		// A journal in memory keeps the database in its file.
+		{dsn: "file:/tmp/a.db?_journal_mode=memory", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "file:/tmp/a.db?_journal_mode=memory&_busy_timeout=5000", wantPath: "/tmp/a.db"},
 		{dsn: "/data/locks", dialect: "sqlite", wantDialect: "sqlite", wantDrv: "sqlite", wantDSN: "/data/locks?_busy_timeout=5000", wantPath: "/data/locks"},
 		{dsn: "host=db user=app", dialect: "postgres", wantDialect: "postgres", wantDrv: "pgx", wantDSN: "host=db user=app"},
 		{dsn: "host=db user=app", err: "--dialect"},
@@ -1699,5 +1703,41 @@ func TestDropHintRepeatsFlags(t *testing.T) {
 		if r := cli(t, append(append([]string{"status"}, dsnArgs...), tc.args...)...); r.code != 0 {
 			t.Errorf("status %q after the hinted migrate: %v", tc.args, r)
 		}
+	}
+}
+
+// TestInMemorySQLiteRefused: the commands that read or change lasting
+// state refuse an in-memory SQLite database (exit 2, saying why) instead
+// of migrating one that vanishes when the command exits; check, which
+// never uses the DSN's database, still runs.
+func TestInMemorySQLiteRefused(t *testing.T) {
+	t.Setenv(dsnEnv, "")
+	const want = "names an in-memory sqlite database: it vanishes when this command exits, so nothing done to it would last, and it holds no other process's lock tables; name a database file instead, such as --dsn locks.db"
+	for _, dsn := range []string{"file::memory:", ":memory:", "file::memory:?cache=shared", "sqlite::memory:", "file:memdb1?mode=memory&cache=shared", "file:x.db?vfs=memdb"} {
+		for _, cmd := range [][]string{{"migrate"}, {"migrate", "up"}, {"migrate", "status"}, {"migrate", "down", "--yes"}, {"status"}, {"sweep"}, {"drop", "--yes"}} {
+			args := append(append([]string{}, cmd...), "--dsn", dsn)
+			r := cli(t, args...)
+			wantLine := fmt.Sprintf("sqlease %s: DSN %q %s\n", cmd[0], dsn, want)
+			if r.code != 2 || r.stderr != wantLine || r.stdout != "" {
+				t.Errorf("%q: want exit 2 and %q, got %v", args, wantLine, r)
+			}
+		}
+	}
+	// From $SQLEASE_DSN too, and with --dialect.
+	t.Setenv(dsnEnv, "file::memory:")
+	if r := cli(t, "migrate"); r.code != 2 || !strings.Contains(r.stderr, want) {
+		t.Errorf("migrate with $%s=file::memory:: want exit 2, got %v", dsnEnv, r)
+	}
+	t.Setenv(dsnEnv, "")
+	if r := cli(t, "migrate", "--dialect", "sqlite", "--dsn", "file::memory:"); r.code != 2 || !strings.Contains(r.stderr, want) {
+		t.Errorf("migrate --dialect sqlite --dsn file::memory:: want exit 2, got %v", r)
+	}
+	// A file database whose journal is in memory is a file database.
+	path := filepath.Join(t.TempDir(), "j.db")
+	if r := cli(t, "migrate", "--dsn", "file:"+path+"?_journal_mode=memory"); r.code != 0 {
+		t.Errorf("migrate on a file with _journal_mode=memory: %v", r)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Errorf("migrate on a file with _journal_mode=memory made no file: %v", err)
 	}
 }

@@ -230,6 +230,10 @@ func (c *dbCmd) open(ctx context.Context, mustExist bool) (*sql.DB, target, dial
 		if err := checkNamespace(t, ns); err != nil {
 			return nil, t, ns, err
 		}
+		if t.backend.InMemory != nil && t.backend.InMemory(c.db.dsnValue()) {
+			return nil, t, ns, usageErr("DSN %q names an in-memory %s database: it vanishes when this command exits, so nothing done to it would last, and it holds no other process's lock tables; name a database file instead, such as --dsn locks.db",
+				redactDSN(c.db.dsnValue()), t.dialect.Name())
+		}
 	}
 	db, t, err := open(ctx, &c.db, mustExist)
 	if err != nil {
