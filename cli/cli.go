@@ -65,10 +65,13 @@
 //     "version_table", "migrations": [{"version", "name", "applied" (status
 //     only), "duration_ms" and "empty" (up and down only)}], "duration_ms"}.
 //     For up and down, migrations lists those applied or reverted.
-//   - status: one object per line {"key", "mode" (exclusive, shared or
-//     pending-writer), "owner", "lease_id", "token", "expires_at" (RFC
+//   - status: one object per line {"key", "mode" (exclusive, shared,
+//     pending-writer or queued: a FIFO waiter's ticket), "owner",
+//     "lease_id" (the ticket ID for queued), "token" (for queued, the
+//     ticket's sequence number, which orders the queue), "expires_at" (RFC
 //     3339, UTC), "expires_in_ms" (negative once expired), "expired",
-//     "pending_writer"}.
+//     "pending_writer", "queue_position" (a live ticket's place in its
+//     key's queue, 1 next; 0 otherwise)}.
 //   - sweep: one object {"swept", "limit"}.
 //   - drop: one object {"reverted": [as migrations above], "dropped" (the
 //     tables dropped, quoted as in SQL), "duration_ms"}.
@@ -228,7 +231,7 @@ func commands() []command {
 	cs := []command{
 		{name: "check", summary: "run the conformance suite against a database (default: a fresh embedded SQLite file)", setup: setupCheck},
 		{name: "migrate", args: "[up|status|down]", summary: "apply the lock table migrations (up, the default), list them (status) or revert them all (down, asks first)", more: migrateStatusExit, setup: setupMigrate},
-		{name: "status", summary: "list leases and pending-writer markers with their tokens and expiry", setup: setupStatus},
+		{name: "status", summary: "list leases, pending-writer markers and FIFO tickets with their tokens and expiry", more: statusModes, setup: setupStatus},
 		{name: "sweep", summary: "delete expired lease rows, at most --limit, in one short transaction", setup: setupSweep},
 		{name: "drop", summary: "uninstall: revert every migration and drop the version and migration lock tables (asks first)", setup: setupDrop},
 		{name: "version", summary: "print the sqlease module version and the commit it was built from", setup: setupVersion},

@@ -500,7 +500,7 @@ func statusJSON(t *testing.T, args ...string) []holderJSON {
 		if err := json.Unmarshal(sc.Bytes(), &raw); err != nil {
 			t.Fatalf("status --json line %q: %v", sc.Text(), err)
 		}
-		for _, f := range []string{"key", "mode", "owner", "lease_id", "token", "expires_at", "expires_in_ms", "expired", "pending_writer"} {
+		for _, f := range []string{"key", "mode", "owner", "lease_id", "token", "expires_at", "expires_in_ms", "expired", "pending_writer", "queue_position"} {
 			if _, ok := raw[f]; !ok {
 				t.Errorf("status --json line %q lacks field %q", sc.Text(), f)
 			}
@@ -532,10 +532,10 @@ func TestStatusShowsLeases(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("status: %v", r)
 	}
-	if !strings.HasPrefix(r.stdout, "KEY") || !regexp.MustCompile(`^KEY\s+MODE\s+OWNER\s+LEASE ID\s+TOKEN\s+EXPIRES IN\n`).MatchString(r.stdout) {
-		t.Errorf("status: want a header line KEY MODE OWNER LEASE ID TOKEN EXPIRES IN, got %v", r)
+	if !strings.HasPrefix(r.stdout, "KEY") || !regexp.MustCompile(`^KEY\s+MODE\s+OWNER\s+LEASE ID\s+TOKEN\s+QUEUE\s+EXPIRES IN\n`).MatchString(r.stdout) {
+		t.Errorf("status: want a header line KEY MODE OWNER LEASE ID TOKEN QUEUE EXPIRES IN, got %v", r)
 	}
-	wantRow := regexp.MustCompile(fmt.Sprintf(`(?m)^jobs/nightly\s+exclusive\s+worker-a\s+%s\s+%d\s+[0-9.]+s$`, x.LeaseID(), x.Token()))
+	wantRow := regexp.MustCompile(fmt.Sprintf(`(?m)^jobs/nightly\s+exclusive\s+worker-a\s+%s\s+%d\s+-\s+[0-9.]+s$`, x.LeaseID(), x.Token()))
 	if !wantRow.MatchString(r.stdout) {
 		t.Errorf("status: want a row for the exclusive lease (token %d), got %v", x.Token(), r)
 	}
@@ -1739,5 +1739,79 @@ func TestInMemorySQLiteRefused(t *testing.T) {
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Errorf("migrate on a file with _journal_mode=memory made no file: %v", err)
+	}
+}
+
+// TestStatusShowsFIFOTickets: the tickets of FIFO waiters are listed as
+// mode queued with their place in the key's queue in a QUEUE column of its
+// own (TOKEN "-": a ticket holds nothing), and in --json as
+// queue_position, "token" keeping the ticket's sequence number; help
+// documents the mode.
+func TestStatusShowsFIFOTickets(t *testing.T) {
+	path := migrated(t)
+	ctx := t.Context()
+	holder := locker(t, path, lock.WithOwner("holder"), lock.WithTTL(time.Minute))
+	x, err := holder.TryAcquire(ctx, "jobs/fifo", lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	queued := func() []holderJSON {
+		var q []holderJSON
+		for _, h := range statusJSON(t, "--dsn", path, "--key", "jobs/") {
+			if h.Mode == "queued" {
+				q = append(q, h)
+			}
+		}
+		return q
+	}
+	// Two waiters, the second after the first's ticket is written.
+	for i, owner := range []string{"waiter-1", "waiter-2"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := locker(t, path, lock.WithOwner(owner), lock.WithTTL(time.Minute))
+			if le, err := w.Acquire(wctx, "jobs/fifo", lock.Exclusive, lock.FIFO()); err == nil {
+				le.Release(context.Background())
+			}
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for len(queued()) < i+1 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	q := queued()
+	if len(q) != 2 {
+		t.Fatalf("status --json: want 2 queued tickets, got %+v", q)
+	}
+	for _, h := range q {
+		want := map[string]int{"waiter-1": 1, "waiter-2": 2}[h.Owner]
+		if h.QueuePosition != want || h.Key != "jobs/fifo" || h.PendingWriter || h.Expired || h.LeaseID == "" {
+			t.Errorf("status --json: want %s's live ticket at queue_position %d, got %+v", h.Owner, want, h)
+		}
+	}
+	for _, h := range statusJSON(t, "--dsn", path) {
+		if h.Mode != "queued" && h.QueuePosition != 0 {
+			t.Errorf("status --json: queue_position %d on a %s row", h.QueuePosition, h.Mode)
+		}
+	}
+	r := cli(t, "status", "--dsn", path)
+	for _, w := range []struct {
+		owner string
+		pos   int
+	}{{"waiter-1", 1}, {"waiter-2", 2}} {
+		row := regexp.MustCompile(fmt.Sprintf(`(?m)^jobs/fifo\s+queued\s+%s\s+\S+\s+-\s+%d\s+[0-9.]+s$`, w.owner, w.pos))
+		if r.code != 0 || !row.MatchString(r.stdout) {
+			t.Errorf("status: want %s's ticket as queued, TOKEN -, QUEUE %d, got %v", w.owner, w.pos, r)
+		}
+	}
+	lease := regexp.MustCompile(fmt.Sprintf(`(?m)^jobs/fifo\s+exclusive\s+holder\s+%s\s+%d\s+-\s+`, x.LeaseID(), x.Token()))
+	if !lease.MatchString(r.stdout) {
+		t.Errorf("status: want the holder's lease with its token and QUEUE -, got %v", r)
+	}
+	if h := cli(t, "help", "status"); !strings.Contains(h.stdout, "queued for a FIFO") || !strings.Contains(h.stdout, "queue_position") {
+		t.Errorf("help status: want the queued mode documented, got %v", h)
 	}
 }

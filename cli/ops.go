@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -242,6 +243,39 @@ type holderJSON struct {
 	ExpiresInMS   int64  `json:"expires_in_ms"`
 	Expired       bool   `json:"expired"`
 	PendingWriter bool   `json:"pending_writer"`
+	// QueuePosition is a live FIFO ticket's place in its key's queue (1 is
+	// next); 0 for every other row, an expired ticket included.
+	QueuePosition int `json:"queue_position"`
+}
+
+// statusModes documents the MODE column of `sqlease status`, in `sqlease
+// help status`.
+const statusModes = `MODE is exclusive or shared for a lease, pending-writer for a waiting
+writer's marker (it holds nothing and has no token), or queued for a FIFO
+waiter's ticket (lock.FIFO): it holds nothing, its TOKEN is "-" and QUEUE
+is its place in the key's queue (1 is next; "-" for every other row and
+for an expired ticket). With --json, "token" of a queued row is the
+ticket's sequence number, which orders the queue, and "queue_position"
+its place.`
+
+// queuePositions returns the place (1 is next) of each live FIFO ticket
+// in its key's queue, by index into hs: tickets are ordered by their
+// sequence number (Holder.Token).
+func queuePositions(hs []lock.Holder, now time.Time) map[int]int {
+	byKey := map[string][]int{}
+	for i, h := range hs {
+		if h.Mode == lock.Queued && h.Expiry.After(now) {
+			byKey[h.Key] = append(byKey[h.Key], i)
+		}
+	}
+	pos := map[int]int{}
+	for _, idx := range byKey {
+		sort.Slice(idx, func(a, b int) bool { return hs[idx[a]].Token < hs[idx[b]].Token })
+		for p, i := range idx {
+			pos[i] = p + 1
+		}
+	}
+	return pos
 }
 
 func setupStatus(fs *flag.FlagSet, out *output) func(context.Context, []string) error {
@@ -265,15 +299,17 @@ func setupStatus(fs *flag.FlagSet, out *output) func(context.Context, []string) 
 		if err != nil {
 			return err
 		}
+		pos := queuePositions(holders, now)
 		if c.asJSON {
 			enc := json.NewEncoder(out.stdout)
-			for _, h := range holders {
+			for i, h := range holders {
 				in := h.Expiry.Sub(now)
 				if err := enc.Encode(holderJSON{
 					Key: h.Key, Mode: h.Mode.String(), Owner: h.Owner, LeaseID: h.LeaseID, Token: h.Token,
 					ExpiresAt:   h.Expiry.UTC().Format(time.RFC3339Nano),
 					ExpiresInMS: in.Milliseconds(), Expired: in <= 0,
 					PendingWriter: h.Mode == lock.PendingWriter,
+					QueuePosition: pos[i],
 				}); err != nil {
 					return err
 				}
@@ -281,13 +317,18 @@ func setupStatus(fs *flag.FlagSet, out *output) func(context.Context, []string) 
 			return nil
 		}
 		tw := tabwriter.NewWriter(out.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tMODE\tOWNER\tLEASE ID\tTOKEN\tEXPIRES IN")
-		for _, h := range holders {
-			token := fmt.Sprint(h.Token)
-			if h.Mode == lock.PendingWriter {
+		fmt.Fprintln(tw, "KEY\tMODE\tOWNER\tLEASE ID\tTOKEN\tQUEUE\tEXPIRES IN")
+		for i, h := range holders {
+			token, queue := fmt.Sprint(h.Token), "-"
+			if h.Mode == lock.PendingWriter || h.Mode == lock.Queued {
+				// Neither holds a lease: no fencing token. A ticket's
+				// Token only orders the queue; its place is QUEUE.
 				token = "-"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", cell(h.Key), h.Mode, cell(h.Owner), h.LeaseID, token, expiresIn(h.Expiry.Sub(now)))
+			if p := pos[i]; p > 0 {
+				queue = fmt.Sprint(p)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(h.Key), h.Mode, cell(h.Owner), h.LeaseID, token, queue, expiresIn(h.Expiry.Sub(now)))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
