@@ -258,3 +258,42 @@ func TestProbeTakesAnotherConnectionAfterABadOne(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDenialAfterRetriedErrorIsObserved: a blocking acquire whose wait runs
+// out while its attempts fail with a transient error is denied with a
+// *LockedError carrying that error, and observers see the denial
+// (EventAcquireDenied) like any other; once the fault is gone the next
+// acquire is granted.
+func TestDenialAfterRetriedErrorIsObserved(t *testing.T) {
+	ctx := context.Background()
+	db, inj := faultySQLite(t)
+	var denied atomic.Int64
+	l, err := New(ctx, db, sqlitedialect.New(), WithObserver(ObserverFunc(func(e Event) {
+		if e.Kind == EventAcquireDenied {
+			denied.Add(1)
+		}
+	})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	hits := new(atomic.Int64)
+	remove := inj.Add(faultdb.Rule{Match: "INSERT", Action: faultdb.Fail, Err: driver.ErrBadConn, Hits: hits})
+	_, err = l.Acquire(ctx, "k", Exclusive, WaitTimeout(300*time.Millisecond))
+	remove()
+	var le *LockedError
+	if !errors.As(err, &le) || le.Err == nil {
+		t.Fatalf("acquire whose attempts all failed until the wait ran out: %v, want a *LockedError with the attempts' error", err)
+	}
+	if hits.Load() == 0 {
+		t.Fatal("the fault never acted")
+	}
+	if n := denied.Load(); n != 1 {
+		t.Errorf("observers saw %d denials, want 1", n)
+	}
+	le2, err := l.TryAcquire(ctx, "k", Exclusive)
+	if err != nil {
+		t.Fatalf("acquire after the fault was removed: %v", err)
+	}
+	_ = le2.Release(ctx)
+}

@@ -266,8 +266,7 @@ func (w *waiter) retry(err error) error {
 		return w.fail(perr)
 	}
 	if w.expired() {
-		w.giveUp()
-		return &LockedError{Key: w.key, Mode: w.mode, Holders: w.last, Waited: time.Since(w.start), Err: err}
+		return w.deny(time.Since(w.start), err)
 	}
 	return nil
 }
@@ -302,10 +301,10 @@ func (w *waiter) granted() *Lease {
 func (w *waiter) blocked() error {
 	until := w.observe()
 	if !w.wait {
-		return w.deny(0)
+		return w.deny(0, nil)
 	}
 	if w.expired() {
-		return w.deny(time.Since(w.start))
+		return w.deny(time.Since(w.start), nil)
 	}
 	w.listen()
 	if err := w.pause(w.nextPoll(until), w.hw.ch); err != nil {
@@ -423,11 +422,12 @@ func (w *waiter) expired() bool {
 	return !w.deadline.IsZero() && !time.Now().Before(w.deadline)
 }
 
-// deny refuses the acquire with the blockers last seen (SPEC W3), after
-// undoing what it wrote, and reports the denial.
-func (w *waiter) deny(waited time.Duration) error {
+// deny refuses the acquire with the blockers last seen (SPEC W3) and
+// lastErr, the last attempt's error when it failed instead of being
+// refused, after undoing what it wrote, and reports the denial.
+func (w *waiter) deny(waited time.Duration, lastErr error) error {
 	w.giveUp()
-	err := &LockedError{Key: w.key, Mode: w.mode, Holders: w.last, Waited: waited}
+	err := &LockedError{Key: w.key, Mode: w.mode, Holders: w.last, Waited: waited, Err: lastErr}
 	w.l.emit(Event{Kind: EventAcquireDenied, Key: w.key, Mode: w.mode, Wait: time.Since(w.start), Err: err})
 	return err
 }
