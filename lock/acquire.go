@@ -473,9 +473,6 @@ func (l *Locker) freshen(ctx context.Context, res *acquireResult, send *time.Tim
 	err = queryOne(rctx, l.renewDB, l.st.renew.SQL, l.st.renew.Args(map[string]any{
 		"lease_id": res.lease.LeaseID, "token": res.lease.Token, "ttl_us": l.cfg.ttl.Microseconds(),
 	}), &exp, &now)
-	if err == nil && rctx.Err() != nil {
-		err = errUnconfirmed
-	}
 	if err != nil {
 		return err
 	}

@@ -273,9 +273,6 @@ func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
 	if errors.Is(err, sql.ErrNoRows) {
 		return errRenewNotFound
 	}
-	if err == nil && rctx.Err() != nil {
-		err = errUnconfirmed
-	}
 	if err != nil {
 		return err
 	}

@@ -100,7 +100,8 @@ func drainResults(rows *sql.Rows) {
 
 // queryOne runs q on db and scans its one row into dest, as QueryRowContext
 // does, but reads the rest of the reply under ctx (drainResults). No row is
-// sql.ErrNoRows.
+// sql.ErrNoRows; a row that arrived after ctx ended is errUnconfirmed (its
+// commit may have been cancelled while waiting for a synchronous standby).
 func queryOne(ctx context.Context, db interface {
 	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
 }, q string, args []any, dest ...any) error {
@@ -118,6 +119,9 @@ func queryOne(ctx context.Context, db interface {
 	})
 	if err == nil && !found {
 		err = sql.ErrNoRows
+	}
+	if err == nil && ctx.Err() != nil {
+		err = errUnconfirmed
 	}
 	return err
 }

@@ -346,9 +346,6 @@ func (l *Locker) renewOne(conn *sql.Conn, le *Lease) (int64, error) {
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, errRenewNotFound
 	}
-	if err == nil && ctx.Err() != nil {
-		return 0, errUnconfirmed
-	}
 	return exp, err
 }
 

@@ -396,10 +396,6 @@ func (c *Cluster) Port() int { return c.port }
 // Addr is the cluster's address, 127.0.0.1:Port.
 func (c *Cluster) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)) }
 
-// Dir is the cluster's temporary directory (data directory "data",
-// Unix socket, server.log).
-func (c *Cluster) Dir() string { return c.dir }
-
 // LogPath is the server's log file.
 func (c *Cluster) LogPath() string { return filepath.Join(c.dir, "server.log") }
 

@@ -165,9 +165,6 @@ func (c *Cluster) Promote(ctx context.Context) error {
 	return nil
 }
 
-// Standby reports whether c was made by StartStandby.
-func (c *Cluster) Standby() bool { return c.primary != nil }
-
 func validName(s string) bool {
 	if s == "" || len(s) > 63 {
 		return false
