@@ -161,7 +161,7 @@ func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx cont
 	if err != nil {
 		return err
 	}
-	fctx, cancel := context.WithCancelCause(ctx)
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseKey{}, lease))
 	stop := context.AfterFunc(lease.ctx, func() { cancel(context.Cause(lease.ctx)) })
 	finished := false
 	var returned time.Time

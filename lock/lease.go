@@ -62,7 +62,7 @@ func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Ti
 		l: l, key: key, mode: mode, id: res.lease.LeaseID, activeID: activeID, owner: res.lease.Owner, token: res.lease.Token,
 		expiry: res.lease.Expiry, grantedAt: res.grantedAt, lastSend: send, trustedUntil: send.Add(l.cfg.ttl - l.cfg.margin),
 	}
-	le.ctx, le.cancel = context.WithCancelCause(context.Background())
+	le.ctx, le.cancel = context.WithCancelCause(context.WithValue(context.Background(), leaseKey{}, le))
 	// checkWindow takes le.mu first, so it cannot see le.watchdog unset.
 	le.mu.Lock()
 	le.watchdog = time.AfterFunc(time.Until(le.trustedUntil), le.checkWindow)
@@ -77,6 +77,18 @@ func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Ti
 	l.mu.Unlock()
 	l.schedule(le, send.Add(l.cfg.ttl/3))
 	return le
+}
+
+type leaseKey struct{}
+
+// LeaseFrom returns the lease whose context ctx is or descends from: the
+// context Do and Lead hand their function, Lease.Context, or one derived
+// from them. It lets code that only receives a context (a scheduler's job,
+// a migration) fence its writes with the lease that guards it (SPEC F1).
+// ok is false when ctx carries no lease.
+func LeaseFrom(ctx context.Context) (lease *Lease, ok bool) {
+	lease, ok = ctx.Value(leaseKey{}).(*Lease)
+	return lease, ok
 }
 
 // Key returns the lease's key.
