@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -33,6 +34,12 @@ type Backend struct {
 // Each runs f in one parallel subtest per database, each with a fresh,
 // migrated Backend dropped when the subtest ends.
 func Each(t *testing.T, f func(t *testing.T, b Backend)) {
+	EachOf(t, []string{"sqlite", "postgres", "mysql"}, f)
+}
+
+// EachOf is Each on the databases named (of "sqlite", "postgres",
+// "mysql"), for tests too slow to run on all three.
+func EachOf(t *testing.T, names []string, f func(t *testing.T, b Backend)) {
 	configs := []struct {
 		name string
 		cfg  func(t *testing.T) conformance.Config
@@ -42,6 +49,9 @@ func Each(t *testing.T, f func(t *testing.T, b Backend)) {
 		{"mysql", func(t *testing.T) conformance.Config { return conftest.MySQL(conftest.MySQLDSN(t)) }},
 	}
 	for _, c := range configs {
+		if !slices.Contains(names, c.name) {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			f(t, New(t, c.name, c.cfg(t)))
