@@ -143,13 +143,6 @@ const (
 	// moment (PostgreSQL). Without it the database serializes writers and
 	// tests that need two concurrent write transactions are skipped.
 	CapConcurrentWriters
-	// CapSessionLockedMigrations: migrations take goose's PostgreSQL
-	// session advisory lock, so concurrent migrate.Up calls queue. A
-	// session lock does not survive PgBouncer's transaction pooling (it is
-	// taken on one server connection and may be released on another): a
-	// dialect that implements MigrationLocker is locked through that
-	// instead, and this flag is then ignored.
-	CapSessionLockedMigrations
 	// CapNotify: Release notifies waiters on @channel, and the dialect
 	// implements Listener, so waiters are woken at once instead of at their
 	// next poll.
@@ -201,7 +194,7 @@ func (cs Capabilities) Has(c Capability) bool { return cs&c == c }
 
 // String lists the set flags, for messages.
 func (cs Capabilities) String() string {
-	names := []string{"schemas", "row-lock-fence", "write-lock-fence", "concurrent-writers", "session-locked-migrations", "notify", "fifo", "fence-idle-timeout"}
+	names := []string{"schemas", "row-lock-fence", "write-lock-fence", "concurrent-writers", "notify", "fifo", "fence-idle-timeout"}
 	var out []string
 	for i, n := range names {
 		if cs&(1<<i) != 0 {
@@ -373,12 +366,6 @@ type Statements struct {
 	// deleted. Use it when RowsAffected cannot say (MySQL's CALL reports the
 	// sum over every statement inside the procedure).
 	SweepReturnsCount bool
-	// ScriptIsolation is the isolation level of the transaction a
-	// multi-statement Acquire or Sweep script runs in when BeginWrite is
-	// empty (sql.LevelDefault: the connection's default). The engine opens
-	// it with db.BeginTx; a dialect whose statements are correct only under
-	// a given level declares it here (SPEC S6).
-	ScriptIsolation sql.IsolationLevel
 	// CountRows returns one row, one column: the number of rows in all lock
 	// tables except the token counter and the version table (SPEC D2).
 	CountRows string

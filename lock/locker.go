@@ -167,7 +167,7 @@ type statements struct {
 	grant, mark                                                               stmt // fast paths
 	seePrimary                                                                stmt
 	beginWrite                                                                string
-	isolation, scriptIsolation                                                sql.IsolationLevel
+	isolation                                                sql.IsolationLevel
 	sweepReturnsCount                                                         bool
 }
 
@@ -280,7 +280,7 @@ func (l *Locker) compile() error {
 		return out, nil
 	}
 	var err error
-	l.st.beginWrite, l.st.isolation, l.st.scriptIsolation, l.st.sweepReturnsCount = s.BeginWrite, s.Isolation, s.ScriptIsolation, s.SweepReturnsCount
+	l.st.beginWrite, l.st.isolation, l.st.sweepReturnsCount = s.BeginWrite, s.Isolation, s.SweepReturnsCount
 	if l.st.acquire, err = many("Acquire", s.Acquire, true); err != nil {
 		return err
 	}

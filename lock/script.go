@@ -58,9 +58,6 @@ func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, v
 		return run(conn)
 	}
 	begin := l.st.beginWrite
-	if txOpts == nil && begin == "" && l.st.scriptIsolation != sql.LevelDefault {
-		txOpts = &sql.TxOptions{Isolation: l.st.scriptIsolation}
-	}
 	if begin == "" || txOpts != nil {
 		tx, err := conn.BeginTx(ctx, txOpts)
 		if err != nil {

@@ -23,7 +23,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
 	"log/slog"
 	"path"
@@ -33,7 +32,6 @@ import (
 
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/sqlease/sqlease/dialect"
 )
@@ -214,14 +212,6 @@ func provider(db *sql.DB, d dialect.Dialect, c config, locked bool) (*goose.Prov
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
 		opts = append(opts, goose.WithLocker(l))
-	case d.Capabilities().Has(dialect.CapSessionLockedMigrations):
-		h := fnv.New64a()
-		h.Write([]byte("sqlease:" + c.ns.VersionTable()))
-		sl, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64()>>1)), lock.WithLockTimeout(1, 300))
-		if err != nil {
-			return nil, fmt.Errorf("migrate: %w", err)
-		}
-		opts = append(opts, goose.WithSessionLocker(sl))
 	}
 	p, err := goose.NewProvider("", db, fsys, opts...)
 	if err != nil {
@@ -315,7 +305,7 @@ const maxLostRaces = 32
 // locked reports whether concurrent Up calls on d queue behind a lock.
 func locked(d dialect.Dialect) bool {
 	_, ok := d.(dialect.MigrationLocker)
-	return ok || d.Capabilities().Has(dialect.CapSessionLockedMigrations)
+	return ok
 }
 
 func lostRace(d dialect.Dialect, err error) bool {
