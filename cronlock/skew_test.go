@@ -78,27 +78,41 @@ func delay(d time.Duration) cron.JobWrapper {
 	}
 }
 
-// TestSkewedReplicasRunTwiceWithoutHold shows the trap HoldAtLeast closes:
-// three replicas whose ticks differ by up to 200 ms run a 10 ms job on
-// the same schedule through SkipIfLocked; each finds the key free again
-// after the previous replica released it, so ticks run more than once.
-func TestSkewedReplicasRunTwiceWithoutHold(t *testing.T) {
+// jobs are the jobs every replica runs. jobs/plain has no acquire
+// options: replicas whose ticks differ by more than the job's 10 ms run it
+// again. hold_test.go adds jobs/held, with lock.HoldAtLeast (SPEC H10).
+var jobs = []job{{key: "jobs/plain"}}
+
+// TestSkewedReplicas runs three replicas (each its own cron, Locker and
+// pool) whose ticks differ by up to 200 ms, every second, with the jobs
+// of jobs through SkipIfLocked: without HoldAtLeast the later replicas
+// find the key free again and run the tick again (the trap HoldAtLeast
+// closes); with it, every tick runs exactly once.
+func TestSkewedReplicas(t *testing.T) {
 	t.Parallel()
 	schedtest.Each(t, func(t *testing.T, b schedtest.Backend) {
 		const ticks = 5
-		runs := runSkewed(t, b, ticks, []job{{key: "jobs/plain"}})["jobs/plain"]
+		runs := runSkewed(t, b, ticks, jobs)
 		dup := 0
-		for n, c := range runs {
+		for n, c := range runs["jobs/plain"] {
 			if c == 0 {
-				t.Errorf("tick %d: no replica ran the job (runs per tick %v)", n, runs)
+				t.Errorf("jobs/plain: tick %d did not run (runs per tick %v)", n, runs["jobs/plain"])
 			}
 			if c > 1 {
 				dup++
 			}
 		}
 		if dup < ticks/2 {
-			t.Errorf("only %d of %d ticks ran more than once (runs per tick %v); the skewed replicas should duplicate runs without HoldAtLeast", dup, ticks, runs)
+			t.Errorf("jobs/plain: only %d of %d ticks ran more than once (runs per tick %v); skewed replicas should run ticks again without HoldAtLeast", dup, ticks, runs["jobs/plain"])
 		}
-		t.Logf("runs per tick without HoldAtLeast: %v", runs)
+		t.Logf("jobs/plain (no HoldAtLeast) runs per tick: %v", runs["jobs/plain"])
+		if held, ok := runs["jobs/held"]; ok {
+			for n, c := range held {
+				if c != 1 {
+					t.Errorf("jobs/held: tick %d ran %d times, want exactly once (runs per tick %v)", n, c, held)
+				}
+			}
+			t.Logf("jobs/held (HoldAtLeast) runs per tick: %v", held)
+		}
 	})
 }

@@ -16,7 +16,7 @@ import (
 // Child is a copy of the test binary running one test as another replica.
 type Child struct {
 	cmd    *exec.Cmd
-	stdin  io.Closer
+	stdin  io.WriteCloser
 	lines  *bufio.Scanner
 	stderr *Buffer
 	stdout strings.Builder // the lines Next has read
@@ -77,6 +77,17 @@ func (c *Child) Done(t *testing.T) {
 		t.Errorf("child failed:\n%s", c.Output())
 	}
 }
+
+// Stop asks the child to stop (WaitStop returns in the child).
+func (c *Child) Stop(t *testing.T) {
+	t.Helper()
+	if _, err := io.WriteString(c.stdin, "stop\n"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// WaitStop, in a child, returns when the parent calls Child.Stop or ends.
+func WaitStop() { _, _ = bufio.NewReader(os.Stdin).ReadString('\n') }
 
 // PrintDone, in a child, tells the parent (Child.Done) that it finished
 // and whether its test passed, then waits until the parent closes its
