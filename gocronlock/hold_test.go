@@ -50,7 +50,7 @@ func TestHoldAtMostEndsOverrunningJob(t *testing.T) {
 		if !errors.Is(err, lock.ErrLeaseLost) {
 			t.Fatalf("task returned %v after %v, want lock.ErrLeaseLost", err, ranFor)
 		}
-		if ranFor < 200*time.Millisecond || ranFor > 3*time.Second {
+		if ranFor < 100*time.Millisecond || ranFor > 3*time.Second {
 			t.Errorf("job context ended after %v, want about 300ms", ranFor)
 		}
 		jl, err = gl.Lock(ctx, "overrun")
