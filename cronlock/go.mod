@@ -6,6 +6,7 @@ require (
 	github.com/robfig/cron/v3 v3.0.1
 	github.com/sqlease/sqlease v0.0.0
 	go.uber.org/goleak v1.3.0
+	modernc.org/sqlite v1.62.0
 )
 
 require (
@@ -30,7 +31,6 @@ require (
 	modernc.org/libc v1.80.2 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
-	modernc.org/sqlite v1.62.0 // indirect
 )
 
 // The working tree's root module, for development and CI. A replace

@@ -7,6 +7,7 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/sqlease/sqlease v0.0.0
 	go.uber.org/goleak v1.3.0
+	modernc.org/sqlite v1.62.0
 )
 
 require (
@@ -32,7 +33,6 @@ require (
 	modernc.org/libc v1.80.2 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
-	modernc.org/sqlite v1.62.0 // indirect
 )
 
 // The working tree's root module, for development and CI. A replace
