@@ -17,6 +17,24 @@ import (
 	"github.com/sqlease/sqlease/migrate"
 )
 
+// openLocker opens a SQLite file in dir, creates the lock tables and
+// returns a Locker on it; in production, every replica opens the same
+// (PostgreSQL, MySQL) database.
+func openLocker(ctx context.Context, dir string) (*sql.DB, *lock.Locker) {
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
+	if err != nil {
+		panic(err)
+	}
+	if _, err := migrate.Up(ctx, db, sqlitedialect.New()); err != nil {
+		panic(err)
+	}
+	locker, err := lock.New(ctx, db, sqlitedialect.New(), lock.WithTTL(10*time.Second))
+	if err != nil {
+		panic(err)
+	}
+	return db, locker
+}
+
 // Every replica of a service runs the same cron schedule; SkipIfLocked
 // makes each tick's job run on one of them. The job is a cronlock.Func, so
 // it gets the lease: its context ends if the lease is lost, and the
@@ -25,18 +43,8 @@ func ExampleSkipIfLocked() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "cronlock-example")
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
-	if err != nil {
-		panic(err)
-	}
+	db, locker := openLocker(ctx, dir)
 	defer db.Close()
-	if _, err := migrate.Up(ctx, db, sqlitedialect.New()); err != nil {
-		panic(err)
-	}
-	locker, err := lock.New(ctx, db, sqlitedialect.New(), lock.WithTTL(10*time.Second))
-	if err != nil {
-		panic(err)
-	}
 	defer locker.Close(ctx)
 
 	ran := make(chan struct{}, 1)
@@ -75,18 +83,8 @@ func ExampleLeaderOnly() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "cronlock-example")
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
-	if err != nil {
-		panic(err)
-	}
+	db, locker := openLocker(ctx, dir)
 	defer db.Close()
-	if _, err := migrate.Up(ctx, db, sqlitedialect.New()); err != nil {
-		panic(err)
-	}
-	locker, err := lock.New(ctx, db, sqlitedialect.New(), lock.WithTTL(10*time.Second))
-	if err != nil {
-		panic(err)
-	}
 	defer locker.Close(ctx)
 
 	leader := cronlock.LeaderOnly(locker, "cron/leader")
@@ -97,7 +95,7 @@ func ExampleLeaderOnly() {
 
 	ran := make(chan struct{}, 1)
 	c := cron.New(cron.WithSeconds(), cron.WithChain(leader.Wrap))
-	_, err = c.AddJob("* * * * * *", cronlock.Func(func(ctx context.Context, lease *lock.Lease) error {
+	_, err := c.AddJob("* * * * * *", cronlock.Func(func(ctx context.Context, lease *lock.Lease) error {
 		fmt.Println("leader runs the job under", lease.Key())
 		select {
 		case ran <- struct{}{}:

@@ -91,28 +91,6 @@ var jobs = []job{{key: "jobs/plain"}}
 func TestSkewedReplicas(t *testing.T) {
 	t.Parallel()
 	schedtest.Each(t, func(t *testing.T, b schedtest.Backend) {
-		const ticks = 5
-		runs := runSkewed(t, b, ticks, jobs)
-		dup := 0
-		for n, c := range runs["jobs/plain"] {
-			if c == 0 {
-				t.Errorf("jobs/plain: tick %d did not run (runs per tick %v)", n, runs["jobs/plain"])
-			}
-			if c > 1 {
-				dup++
-			}
-		}
-		if dup < ticks/2 {
-			t.Errorf("jobs/plain: only %d of %d ticks ran more than once (runs per tick %v); skewed replicas should run ticks again without HoldAtLeast", dup, ticks, runs["jobs/plain"])
-		}
-		t.Logf("jobs/plain (no HoldAtLeast) runs per tick: %v", runs["jobs/plain"])
-		if held, ok := runs["jobs/held"]; ok {
-			for n, c := range held {
-				if c != 1 {
-					t.Errorf("jobs/held: tick %d ran %d times, want exactly once (runs per tick %v)", n, c, held)
-				}
-			}
-			t.Logf("jobs/held (HoldAtLeast) runs per tick: %v", held)
-		}
+		schedtest.CheckSkewedRuns(t, runSkewed(t, b, 5, jobs))
 	})
 }

@@ -65,34 +65,8 @@ func TestSkewedReplicasAcrossProcesses(t *testing.T) {
 			}
 			count[r.Key][r.Tick]++
 		}
-		checkRuns(t, count)
+		schedtest.CheckSkewedRuns(t, count)
 	})
-}
-
-// checkRuns checks the runs per tick of each job of jobOptions.
-func checkRuns(t *testing.T, count map[string][]int) {
-	t.Helper()
-	dup := 0
-	for n, c := range count["jobs/plain"] {
-		if c == 0 {
-			t.Errorf("jobs/plain: tick %d did not run (runs per tick %v)", n, count["jobs/plain"])
-		}
-		if c > 1 {
-			dup++
-		}
-	}
-	if dup < ticks/2 {
-		t.Errorf("jobs/plain: only %d of %d ticks ran more than once (runs per tick %v); skewed replicas should run ticks again without HoldAtLeast", dup, ticks, count["jobs/plain"])
-	}
-	t.Logf("jobs/plain (no HoldAtLeast) runs per tick: %v", count["jobs/plain"])
-	if held, ok := count["jobs/held"]; ok {
-		for n, c := range held {
-			if c != 1 {
-				t.Errorf("jobs/held: tick %d ran %d times, want exactly once (runs per tick %v)", n, c, held)
-			}
-		}
-		t.Logf("jobs/held (HoldAtLeast) runs per tick: %v", held)
-	}
 }
 
 // TestChildSkewedReplica is one replica of TestSkewedReplicasAcrossProcesses

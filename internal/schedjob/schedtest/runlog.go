@@ -62,3 +62,34 @@ func (b Backend) Runs(t testing.TB, db *sql.DB) []Run {
 	}
 	return runs
 }
+
+// CheckSkewedRuns checks the runs per tick (count[key][tick]) of the skew
+// tests: jobs/plain, run without lock.HoldAtLeast by replicas whose ticks
+// differ by more than the job takes, ran every tick, and more than once
+// in at least half of them; jobs/held, with HoldAtLeast, if present, ran
+// exactly once per tick.
+func CheckSkewedRuns(t testing.TB, count map[string][]int) {
+	t.Helper()
+	plain := count["jobs/plain"]
+	dup := 0
+	for n, c := range plain {
+		if c == 0 {
+			t.Errorf("jobs/plain: tick %d did not run (runs per tick %v)", n, plain)
+		}
+		if c > 1 {
+			dup++
+		}
+	}
+	if dup < len(plain)/2 {
+		t.Errorf("jobs/plain: only %d of %d ticks ran more than once (runs per tick %v); skewed replicas should run ticks again without HoldAtLeast", dup, len(plain), plain)
+	}
+	t.Logf("jobs/plain (no HoldAtLeast) runs per tick: %v", plain)
+	if held, ok := count["jobs/held"]; ok {
+		for n, c := range held {
+			if c != 1 {
+				t.Errorf("jobs/held: tick %d ran %d times, want exactly once (runs per tick %v)", n, c, held)
+			}
+		}
+		t.Logf("jobs/held (HoldAtLeast) runs per tick: %v", held)
+	}
+}
