@@ -40,8 +40,8 @@ type config struct {
 	acquire []lock.AcquireOption
 }
 
-// WithLogger sets where skipped runs (DEBUG) and failed releases (WARN)
-// are logged. Default slog.Default(); a nil logger keeps the default.
+// WithLogger sets where runs skipped because the key is held (DEBUG),
+// failed acquires (ERROR) and failed releases (WARN) are logged. Default slog.Default(); a nil logger keeps the default.
 func WithLogger(logger *slog.Logger) Option {
 	return func(c *config) {
 		if logger != nil {
@@ -110,13 +110,15 @@ func NewLocker(l *lock.Locker, opts ...Option) (*Locker, error) {
 // the job's gocron.AfterLockError listener): an error matching
 // lock.ErrLocked when another replica holds the key (logged at DEBUG),
 // lock.ErrReentrant when a run of the same job still holds it in this
-// process, or the acquire's error (bad key, database down). The lease
-// renews itself until gocron calls Unlock after the run.
+// process, or the acquire's error (bad key, database down; logged at
+// ERROR). The lease renews itself until gocron calls Unlock after the run.
 func (gl *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	lease, err := gl.l.TryAcquire(ctx, gl.cfg.prefix+key, lock.Exclusive, gl.acquire...)
 	if err != nil {
 		if errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrReentrant) {
 			gl.cfg.logger.Debug("gocronlock: run skipped: the job's key is held", "key", gl.cfg.prefix+key, "err", err)
+		} else {
+			gl.cfg.logger.Error("gocronlock: run skipped: acquire failed", "key", gl.cfg.prefix+key, "err", err)
 		}
 		return nil, fmt.Errorf("gocronlock: lock %q: %w", key, err)
 	}

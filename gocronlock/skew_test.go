@@ -2,6 +2,7 @@ package gocronlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -102,6 +103,10 @@ func TestChildSkewedReplica(t *testing.T) {
 			gocron.WithStartAt(gocron.WithStartDateTime(first.Add(skew))), gocron.WithDistributedJobLocker(gl),
 			gocron.WithEventListeners(gocron.AfterJobRunsWithError(func(_ uuid.UUID, name string, err error) {
 				t.Errorf("job %s: %v", name, err)
+			}), gocron.AfterLockError(func(_ uuid.UUID, name string, err error) {
+				if !errors.Is(err, lock.ErrLocked) {
+					t.Errorf("job %s: lock: %v", name, err)
+				}
 			})))
 		if err != nil {
 			t.Fatal(err)

@@ -65,31 +65,34 @@ func (b Backend) Runs(t testing.TB, db *sql.DB) []Run {
 
 // CheckSkewedRuns checks the runs per tick (count[key][tick]) of the skew
 // tests: jobs/plain, run without lock.HoldAtLeast by replicas whose ticks
-// differ by more than the job takes, ran every tick, and more than once
-// in at least half of them; jobs/held, with HoldAtLeast, if present, ran
-// exactly once per tick.
+// differ by more than the job takes, ran more than once in at least half
+// of the ticks; jobs/held, with HoldAtLeast, if present, never ran more
+// than once per tick. Each job may miss maxMissed ticks in all, where no
+// replica ran it: a loaded machine (the race detector on two cores) can
+// stall every replica past a tick, and the schedulers then skip it (a
+// missed tick is not a lock's doing; a duplicate would be).
 func CheckSkewedRuns(t testing.TB, count map[string][]int) {
 	t.Helper()
-	plain := count["jobs/plain"]
-	dup := 0
-	for n, c := range plain {
-		if c == 0 {
-			t.Errorf("jobs/plain: tick %d did not run (runs per tick %v)", n, plain)
-		}
-		if c > 1 {
-			dup++
-		}
-	}
-	if dup < len(plain)/2 {
-		t.Errorf("jobs/plain: only %d of %d ticks ran more than once (runs per tick %v); skewed replicas should run ticks again without HoldAtLeast", dup, len(plain), plain)
-	}
-	t.Logf("jobs/plain (no HoldAtLeast) runs per tick: %v", plain)
-	if held, ok := count["jobs/held"]; ok {
-		for n, c := range held {
-			if c != 1 {
-				t.Errorf("jobs/held: tick %d ran %d times, want exactly once (runs per tick %v)", n, c, held)
+	const maxMissed = 2
+	for key, runs := range count {
+		missed, dup := 0, 0
+		for _, c := range runs {
+			if c == 0 {
+				missed++
+			}
+			if c > 1 {
+				dup++
 			}
 		}
-		t.Logf("jobs/held (HoldAtLeast) runs per tick: %v", held)
+		t.Logf("%s runs per tick: %v", key, runs)
+		if missed > maxMissed {
+			t.Errorf("%s: %d of %d ticks did not run on any replica, want at most %d (runs per tick %v)", key, missed, len(runs), maxMissed, runs)
+		}
+		switch {
+		case key == "jobs/plain" && dup < len(runs)/2:
+			t.Errorf("jobs/plain: only %d of %d ticks ran more than once (runs per tick %v); skewed replicas should run ticks again without HoldAtLeast", dup, len(runs), runs)
+		case key == "jobs/held" && dup > 0:
+			t.Errorf("jobs/held: %d of %d ticks ran more than once, want at most once with HoldAtLeast (runs per tick %v)", dup, len(runs), runs)
+		}
 	}
 }
