@@ -3,6 +3,7 @@ package gooselock_test
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"errors"
 	"log/slog"
 	"os"
@@ -21,8 +22,8 @@ import (
 // child is a migrator process started by startChild.
 type child struct {
 	cmd    *exec.Cmd
-	lines  chan string // its stdout, line by line; closed at its end
-	stderr *syncBuffer
+	lines  chan string   // its stdout, line by line; closed at its end
+	stderr func() string // what it wrote to stderr so far
 }
 
 // startChild re-runs this test binary as a migrator on b (see runChild)
@@ -36,8 +37,9 @@ func startChild(t *testing.T, b backend, pause time.Duration, start time.Time) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, lines: make(chan string, 16), stderr: &syncBuffer{}}
-	cmd.Stderr = c.stderr
+	stderr, read := logFile(t, "stderr")
+	c := &child{cmd: cmd, lines: make(chan string, 16), stderr: read}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -61,13 +63,13 @@ func (c *child) waitLine(t *testing.T, prefix string) string {
 		select {
 		case line, ok := <-c.lines:
 			if !ok {
-				t.Fatalf("child ended before printing %q: %v\n%s", prefix, c.cmd.Wait(), c.stderr.String())
+				t.Fatalf("child ended before printing %q: %v\n%s", prefix, c.cmd.Wait(), c.stderr())
 			}
 			if rest, found := strings.CutPrefix(line, prefix); found {
 				return rest
 			}
 		case <-timeout:
-			t.Fatalf("child printed no %q within a minute\n%s", prefix, c.stderr.String())
+			t.Fatalf("child printed no %q within a minute\n%s", prefix, c.stderr())
 		}
 	}
 }
@@ -81,7 +83,7 @@ var appliedRE = regexp.MustCompile(`^(\d+)$`)
 func TestConcurrentUp(t *testing.T) {
 	backends(t, func(t *testing.T, b backend) {
 		b.prepare(t)
-		start := time.Now().Add(1500 * time.Millisecond)
+		start := time.Now().Add(time.Second)
 		children := []*child{startChild(t, b, 500*time.Millisecond, start), startChild(t, b, 500*time.Millisecond, start)}
 		total := 0
 		for i, c := range children {
@@ -93,7 +95,7 @@ func TestConcurrentUp(t *testing.T) {
 			n, _ := strconv.Atoi(m[1])
 			total += n
 			if err := c.cmd.Wait(); err != nil {
-				t.Fatalf("child %d: %v\n%s", i, err, c.stderr.String())
+				t.Fatalf("child %d: %v\n%s", i, err, c.stderr())
 			}
 		}
 		if total != 3 {
@@ -169,33 +171,16 @@ func TestLostLeaseFailsUnlock(t *testing.T) {
 	backends(t, func(t *testing.T, b backend) {
 		b.prepare(t)
 		db := b.open(t)
-		var logs syncBuffer
+		logs, readLogs := logFile(t, "log")
 		var onLost atomic.Pointer[error]
 		locker, err := gooselock.New(b.d, gooselock.WithTTL(childTTL), gooselock.WithNamespace(b.ns()),
-			gooselock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+			gooselock.WithLogger(slog.New(slog.NewTextHandler(logs, nil))),
 			gooselock.WithOnLost(func(err error) { onLost.Store(&err) }))
 		if err != nil {
 			t.Fatal(err)
 		}
-		holders := b.ns().Object(b.d, "holders")
-		lose := func(ctx context.Context) error {
-			lease := locker.Lease()
-			if lease == nil {
-				t.Error("Lease() is nil inside a migration")
-				return nil
-			}
-			// Behind the lease's back, on a pool of its own.
-			q := "DELETE FROM " + holders + " WHERE lease_id = " + b.d.Placeholder(1)
-			if res, err := b.open(t).ExecContext(ctx, q, lease.LeaseID()); err != nil {
-				t.Errorf("delete the lease row: %v", err)
-			} else if n, _ := res.RowsAffected(); n != 1 {
-				t.Errorf("deleted %d lease rows, want 1", n)
-			}
-			select {
-			case <-lease.Done():
-			case <-time.After(childTTL + 10*time.Second):
-				t.Error("the lease was not lost within TTL+10s of deleting its row")
-			}
+		lose := func(ctx context.Context, _ *sql.Tx) error {
+			loseLease(t, b, locker.Lease())
 			return nil
 		}
 		p := b.provider(t, db, locker, b.migrations(lose))
@@ -207,8 +192,8 @@ func TestLostLeaseFailsUnlock(t *testing.T) {
 		if !errors.As(err, &lost) || lost.Key != gooselock.DefaultKey {
 			t.Errorf("Up: %v, want a *lock.LeaseLostError of key %q", err, gooselock.DefaultKey)
 		}
-		if !strings.Contains(logs.String(), "gooselock: lease lost while goose migrates") {
-			t.Errorf("no loss logged; logs:\n%s", logs.String())
+		if !strings.Contains(readLogs(), "gooselock: lease lost while goose migrates") {
+			t.Errorf("no loss logged; logs:\n%s", readLogs())
 		}
 		deadline := time.Now().Add(5 * time.Second)
 		for onLost.Load() == nil && time.Now().Before(deadline) {
@@ -226,5 +211,63 @@ func TestLostLeaseFailsUnlock(t *testing.T) {
 		if res, err := p.Up(t.Context()); err != nil || len(res) != 0 {
 			t.Errorf("Up again with the same Locker: %d applied, %v; want nothing", len(res), err)
 		}
+	})
+}
+
+// loseLease deletes lease's row behind its back, on a pool of its own, and
+// waits until the lease notices (at its next renewal).
+func loseLease(t *testing.T, b backend, lease *lock.Lease) {
+	t.Helper()
+	if lease == nil {
+		t.Error("Lease() is nil inside a migration")
+		return
+	}
+	q := "DELETE FROM " + b.ns().Object(b.d, "holders") + " WHERE lease_id = " + b.d.Placeholder(1)
+	if res, err := b.open(t).ExecContext(t.Context(), q, lease.LeaseID()); err != nil {
+		t.Errorf("delete the lease row: %v", err)
+	} else if n, _ := res.RowsAffected(); n != 1 {
+		t.Errorf("deleted %d lease rows, want 1", n)
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(childTTL + 10*time.Second):
+		t.Error("the lease was not lost within TTL+10s of deleting its row")
+	}
+}
+
+// TestGoMigrationFences: a Go migration that fences its transaction with
+// the Locker's lease (Lease().Fence) commits nothing once the lease is
+// lost (SPEC F1): goose stops at it, and a later run applies it.
+func TestGoMigrationFences(t *testing.T) {
+	backends(t, func(t *testing.T, b backend) {
+		b.prepare(t)
+		db := b.open(t)
+		locker, err := gooselock.New(b.d, gooselock.WithTTL(childTTL), gooselock.WithNamespace(b.ns()),
+			gooselock.WithLogger(slog.New(slog.DiscardHandler)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lost atomic.Bool
+		fenced := func(ctx context.Context, tx *sql.Tx) error {
+			lease := locker.Lease()
+			if !lost.Swap(true) {
+				loseLease(t, b, lease)
+			}
+			return lease.Fence(ctx, tx)
+		}
+		p := b.provider(t, db, locker, b.migrations(fenced))
+		res, err := p.Up(t.Context())
+		if !errors.Is(err, lock.ErrLeaseLost) {
+			t.Fatalf("Up with a fenced migration after the loss: %v, want lock.ErrLeaseLost", err)
+		}
+		if v, err := p.GetDBVersion(t.Context()); err != nil || v != 1 {
+			t.Fatalf("version after the fenced migration failed: %d, %v; want 1 (00002 not committed)", v, err)
+		}
+		// The next run, with the lease held, applies 00002 and 00003.
+		res, err = p.Up(t.Context())
+		if err != nil || len(res) != 2 {
+			t.Fatalf("Up again: %d applied, %v; want 2", len(res), err)
+		}
+		b.checkOnce(t, db)
 	})
 }

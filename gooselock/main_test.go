@@ -63,9 +63,9 @@ func runChild() int {
 	if err != nil {
 		return fail(err)
 	}
-	m := b.migrations(func(ctx context.Context) error {
+	m := b.migrations(func(ctx context.Context, tx *sql.Tx) error {
 		fmt.Println("gooselock child: migrating 2")
-		return sleep(pause)(ctx)
+		return sleep(pause)(ctx, tx)
 	})
 	p, err := newProvider(b, db, locker, m)
 	if err != nil {

@@ -1,7 +1,6 @@
 package gooselock_test
 
 import (
-	"bytes"
 	"context"
 	crand "crypto/rand"
 	"database/sql"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -121,14 +119,14 @@ func (b backend) prepare(t *testing.T) {
 }
 
 // migrations are the test's migration set: 00001 and 00003 are SQL files,
-// 00002 a Go migration in a transaction that runs slow(ctx) (a sleep, or a
-// fault) before it records itself.
+// 00002 a Go migration in a transaction that runs slow(ctx, tx) (a sleep,
+// a fault, a fence) before it records itself.
 type migrations struct {
 	fsys fstest.MapFS
 	go2  *goose.Migration
 }
 
-func (b backend) migrations(slow func(ctx context.Context) error) migrations {
+func (b backend) migrations(slow func(ctx context.Context, tx *sql.Tx) error) migrations {
 	pid := os.Getpid()
 	record := func(v int) string {
 		return fmt.Sprintf("INSERT INTO %s (version, pid) VALUES (%d, %d);\n", b.table("applied"), v, pid)
@@ -142,7 +140,7 @@ func (b backend) migrations(slow func(ctx context.Context) error) migrations {
 			"00003_widget.sql":  file("INSERT INTO "+b.table("widgets")+" (id) VALUES (3);\n"+record(3), "DELETE FROM "+b.table("widgets")+";\n"),
 		},
 		go2: goose.NewGoMigration(2, &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
-			if err := slow(ctx); err != nil {
+			if err := slow(ctx, tx); err != nil {
 				return err
 			}
 			_, err := tx.ExecContext(ctx, strings.TrimSuffix(record(2), ";\n"))
@@ -230,27 +228,25 @@ func (b backend) checkOnce(t *testing.T, db *sql.DB) map[int]int {
 	return by
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writers (a logger's).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// logFile returns a new file in t's temporary directory, for a logger or
+// a child's stderr (writes to an *os.File are safe from any goroutine),
+// and a function that reads what it holds.
+func logFile(t *testing.T, name string) (*os.File, func() string) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f, func() string {
+		b, _ := os.ReadFile(f.Name())
+		return string(b)
+	}
 }
 
 // sleep returns a slow function that waits d or until ctx ends.
-func sleep(d time.Duration) func(ctx context.Context) error {
-	return func(ctx context.Context) error {
+func sleep(d time.Duration) func(ctx context.Context, _ *sql.Tx) error {
+	return func(ctx context.Context, _ *sql.Tx) error {
 		select {
 		case <-time.After(d):
 			return nil
