@@ -108,8 +108,9 @@ func (g *Locker) Lease() *lock.Lease {
 // db must allow at least two open connections: goose keeps one for the
 // migrations while the lease's statements need another (three while Lock
 // creates the tables on PostgreSQL or MySQL, whose migration lock needs a
-// connection of its own). Errors: a nil db, a one-connection pool, a
-// driver no registered dialect claims or a bad namespace (matching
+// connection of its own). Errors: a nil db, a one-connection pool (two
+// while the tables are to be created on PostgreSQL or MySQL), a driver no
+// registered dialect claims or a bad namespace (matching
 // lock.ErrInvalidInput, SPEC I1), ctx's error when it ends first, and the
 // errors of migrate.Up, lock.New and lock.Locker.Acquire.
 func (g *Locker) Lock(ctx context.Context, db *sql.DB) error {
@@ -169,6 +170,12 @@ func (g *Locker) newLocker(ctx context.Context, db *sql.DB, d dialect.Dialect) (
 	}, g.cfg.lockOpts...)
 	l, err := lock.New(ctx, db, d, opts...)
 	if errors.Is(err, lock.ErrSchemaNotMigrated) {
+		if _, ok := d.(dialect.MigrationLocker); ok && db.Stats().MaxOpenConnections == 2 {
+			// goose's connection, migrate's, and one for its migration
+			// lock: with two, migrate.Up would wait for ctx to end.
+			return nil, &lock.InputError{Pkg: "gooselock", Field: "pool size", Value: "2 open connections (SetMaxOpenConns(2))",
+				Allowed: fmt.Sprintf("at least 3 while Lock creates the lock tables on dialect %q (goose keeps one, migrate.Up needs two), or run migrate.Up before goose", d.Name())}
+		}
 		if _, err := migrate.Up(ctx, db, d, migrate.WithNamespace(g.cfg.ns)); err != nil {
 			return nil, fmt.Errorf("gooselock: create the lock tables: %w", err)
 		}

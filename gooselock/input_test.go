@@ -14,6 +14,7 @@ import (
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 	"github.com/sqlease/sqlease/gooselock"
 	"github.com/sqlease/sqlease/lock"
+	"github.com/sqlease/sqlease/migrate"
 )
 
 // Bad input is refused before anything is written, with an error naming
@@ -114,5 +115,44 @@ func TestUnlockWithoutLockAndCancelledLock(t *testing.T) {
 	}
 	if err := b.Unlock(ctx, db); err != nil {
 		t.Fatalf("Unlock: %v", err)
+	}
+}
+
+// On a dialect whose migration lock needs a connection of its own
+// (PostgreSQL), creating the lock tables inside goose's Lock needs three:
+// a pool of two is refused at once instead of waiting for the context,
+// and works once the tables exist.
+func TestTwoConnectionsNeedTablesFirst(t *testing.T) {
+	b := newBackend(t, "postgres")
+	db := b.open(t)
+	db.SetMaxOpenConns(2)
+	l, err := gooselock.New(b.d, gooselock.WithTTL(time.Second), gooselock.WithNamespace(b.ns()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	// goose holds one connection while it calls Lock.
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = l.Lock(ctx, db)
+	if !errors.Is(err, lock.ErrInvalidInput) || !strings.Contains(err.Error(), "SetMaxOpenConns(2)") {
+		t.Fatalf("Lock on a two-connection pool without the lock tables: %v, want an error naming SetMaxOpenConns(2)", err)
+	}
+	conn.Close()
+	if _, err := migrate.Up(ctx, db, b.d, migrate.WithNamespace(b.ns())); err != nil {
+		t.Fatal(err)
+	}
+	if conn, err = db.Conn(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := l.Lock(ctx, db); err != nil {
+		t.Fatalf("Lock on a two-connection pool once the tables exist: %v", err)
+	}
+	if err := l.Unlock(ctx, db); err != nil {
+		t.Fatal(err)
 	}
 }
