@@ -56,7 +56,9 @@ func WithKey(key string) Option {
 // WithTTL sets the lease TTL (default DefaultTTL; lock.MinTTL..lock.MaxTTL,
 // as lock.WithTTL). The lease renews itself every TTL/3 while goose
 // migrates; after a crash the next migrator takes over at most one TTL
-// later, judged by the database's clock (SPEC H1, H2).
+// later, judged by the database's clock (SPEC H1, H2). On SQLite a
+// migration in a transaction holds the write lock, and renewals wait behind
+// it: take a TTL longer than the longest migration.
 func WithTTL(ttl time.Duration) Option {
 	return func(c *config) {
 		if err := lock.CheckTTL(ttl); err != nil {
