@@ -128,3 +128,19 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestNilLocker: wrappers built on a nil Locker never run the job and say
+// why, instead of panicking in cron's goroutine.
+func TestNilLocker(t *testing.T) {
+	var logs schedtest.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	ran := false
+	job := cron.FuncJob(func() { ran = true })
+	cronlock.SkipIfLocked(nil, "k", cronlock.WithLogger(logger))(job).Run()
+	leader := cronlock.LeaderOnly(nil, "k", cronlock.WithLogger(logger))
+	defer leader.Stop()
+	leader.Wrap(job).Run()
+	if ran || leader.Leading() || strings.Count(logs.String(), "nil *lock.Locker") != 2 {
+		t.Fatalf("ran %v, leading %v; log:\n%s", ran, leader.Leading(), logs.String())
+	}
+}

@@ -5,6 +5,7 @@ package schedjob
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 
@@ -24,10 +25,16 @@ type Campaign struct {
 
 // StartCampaign campaigns for key through l until Stop. Lead's own errors
 // (bad key, ErrClosed, schema not migrated) end the campaign: they are
-// logged at error level and returned by Err.
+// logged at error level and returned by Err, as is a nil l.
 func StartCampaign(l *lock.Locker, key string, logger *slog.Logger) *Campaign {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Campaign{cancel: cancel, done: make(chan struct{})}
+	if l == nil {
+		c.err = fmt.Errorf("nil *lock.Locker: %w", lock.ErrInvalidInput)
+		logger.Error("sqlease: leader campaign not started", "key", key, "err", c.err)
+		close(c.done)
+		return c
+	}
 	go func() {
 		defer close(c.done)
 		err := l.Lead(ctx, key, func(ctx context.Context, lease *lock.Lease) error {
