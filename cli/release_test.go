@@ -16,8 +16,9 @@ import (
 )
 
 // releaseTTL is the holder's TTL in the release tests: a renewal every
-// 300ms.
-const releaseTTL = 900 * time.Millisecond
+// 800ms, long enough that a loaded machine does not lose the lease before
+// the release.
+const releaseTTL = 2400 * time.Millisecond
 
 // releaseEnv is a database with migrated lock tables: the connection
 // flags of the CLI, a pool and dialect for Lockers, the Locker options
