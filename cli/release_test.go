@@ -174,38 +174,37 @@ func TestReleaseSQLite(t *testing.T) {
 
 func TestReleasePostgres(t *testing.T) {
 	dsn := conftest.PostgresDSN(t)
-	schema := fmt.Sprintf("sqlease_cli_rel_%d", time.Now().UnixNano()%1e9)
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		db.ExecContext(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
-		db.Close()
-	})
-	if r := cli(t, "migrate", "--dsn", dsn, "--schema", schema); r.code != 0 {
-		t.Fatalf("migrate: %v", r)
-	}
+	db, schema := migratedSchema(t, "pgx", dsn, "DROP SCHEMA IF EXISTS %s CASCADE")
 	testRelease(t, releaseEnv{args: []string{"--dsn", dsn, "--schema", schema}, db: db, d: mustDialect(t, "postgres"),
 		opts: []lock.Option{lock.WithSchema(schema)}, table: schema + ".app_report"})
 }
 
 func TestReleaseMySQL(t *testing.T) {
 	dsn := conftest.MySQLDSN(t)
+	db, schema := migratedSchema(t, "mysql", dsn, "DROP DATABASE IF EXISTS %s")
+	testRelease(t, releaseEnv{args: []string{"--dsn", dsn, "--schema", schema}, db: db, d: mustDialect(t, "mysql"),
+		opts: []lock.Option{lock.WithSchema(schema)}, table: schema + ".app_report"})
+}
+
+// migratedSchema migrates the lock tables into a new schema (MySQL: a
+// database) of the server at dsn with `sqlease migrate`, and returns a pool
+// on driver and the schema, which drop (a format for the schema's name)
+// removes at cleanup.
+func migratedSchema(t *testing.T, driver, dsn, drop string) (*sql.DB, string) {
+	t.Helper()
 	schema := fmt.Sprintf("sqlease_cli_rel_%d", time.Now().UnixNano()%1e9)
-	db, err := sql.Open("mysql", dsn)
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+schema)
+		db.ExecContext(context.Background(), fmt.Sprintf(drop, schema))
 		db.Close()
 	})
 	if r := cli(t, "migrate", "--dsn", dsn, "--schema", schema); r.code != 0 {
 		t.Fatalf("migrate: %v", r)
 	}
-	testRelease(t, releaseEnv{args: []string{"--dsn", dsn, "--schema", schema}, db: db, d: mustDialect(t, "mysql"),
-		opts: []lock.Option{lock.WithSchema(schema)}, table: schema + ".app_report"})
+	return db, schema
 }
 
 func mustDialect(t *testing.T, name string) dialect.Dialect {
