@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -250,6 +251,19 @@ func TestReleaseTextAndUsage(t *testing.T) {
 	}
 	if len(statusJSON(t, "--dsn", path)) != 3 {
 		t.Fatalf("bad usage changed the leases")
+	}
+	// On a terminal it asks; anything but "yes" changes nothing.
+	func() {
+		defer func() { stdin = os.Stdin; stdinIsTerminal = func() bool { return false } }()
+		stdinIsTerminal = func() bool { return true }
+		stdin = strings.NewReader("no\n")
+		r := cli(t, "release", "k2", "--dsn", path)
+		if r.code != 1 || !strings.Contains(r.stderr, `This will release 1 lease of key "k2"`) || !strings.Contains(r.stderr, "not confirmed") {
+			t.Errorf("release answered no: want exit 1, not confirmed, got %v", r)
+		}
+	}()
+	if err := kept.Renew(t.Context()); err != nil {
+		t.Fatalf("the lease of key k2 after a declined release: %v", err)
 	}
 	waiting := make(chan error, 1)
 	go func() {
