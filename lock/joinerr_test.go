@@ -12,9 +12,9 @@ import (
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 )
 
-// loseInDo deletes le's row from db and renews it, so le is lost with
-// reason LossNotOurs (SPEC S4, H3) while Do's function still runs.
-func loseInDo(t *testing.T, db *sql.DB, le *Lease) {
+// loseLease deletes le's row from db and renews it, so le is lost with
+// reason LossNotOurs (SPEC S4, H3).
+func loseLease(t *testing.T, db *sql.DB, le *Lease) {
 	t.Helper()
 	holders := dialect.Namespace{}.Object(sqlitedialect.New(), "holders")
 	if _, err := db.ExecContext(context.Background(), "DELETE FROM "+holders+" WHERE lease_id = ?", le.LeaseID()); err != nil {
@@ -53,7 +53,7 @@ func TestDoLossErrorIsOneLine(t *testing.T) {
 		{"context.Cause", func(ctx context.Context, le *Lease) error { return context.Cause(ctx) }, nil},
 	} {
 		err := l.Do(ctx, "oneline/"+tc.name, Exclusive, func(fctx context.Context, le *Lease) error {
-			loseInDo(t, db, le)
+			loseLease(t, db, le)
 			return tc.fn(fctx, le)
 		})
 		if !errors.Is(err, ErrLeaseLost) || (tc.also != nil && !errors.Is(err, tc.also)) {
