@@ -395,7 +395,7 @@ func (le *Lease) Release(ctx context.Context) error {
 	start := time.Now()
 	unsure := false // an earlier attempt may have deleted the row
 	var n int64
-	err := l.retryTransient(rctx, 0, func(ctx context.Context) error {
+	err := l.retryTransient(rctx, untilCtx, func(ctx context.Context) error {
 		var err error
 		n, err = l.releaseRows(ctx, le.id, le.token)
 		if err != nil && l.uncertain(err) {
