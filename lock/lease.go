@@ -21,9 +21,10 @@ const (
 	stateReleased             // released (or a release was attempted)
 )
 
-// Lease is one grant of a key. It renews itself every TTL/3 in the
-// background until Release or loss (SPEC H2). Its methods are safe for
-// concurrent use.
+// Lease is one grant of a key. It renews itself in the background until
+// Release or loss, TTL/3 after the last successful acquire or renew was
+// sent, or up to TTL/12 earlier to share a batch with other leases (SPEC
+// H2). Its methods are safe for concurrent use.
 type Lease struct {
 	l    *Locker
 	key  string
