@@ -97,9 +97,9 @@
 // SQLite DSN such as file::memory: for migrate, status, sweep or drop,
 // whose database would vanish when the command exits), an unreachable
 // database or lock tables that are not migrated (status, sweep; when lock
-// tables exist under another prefix or schema, the message names them
-// before it advises to migrate: "found nc_db_version: did you mean
-// --prefix nc_?"). A DSN its
+// tables exist under another prefix or schema, the message, like migrate
+// status's, names them before it advises to migrate: "found
+// nc_db_version: did you mean --prefix nc_?"). A DSN its
 // driver cannot parse is reported as `malformed postgres DSN "..."`, with
 // the parser's reason and no connection tried; one that parses but whose
 // server does not answer as "cannot reach"; a server that refuses the role

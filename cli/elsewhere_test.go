@@ -11,8 +11,8 @@ import (
 	"github.com/sqlease/sqlease/conformance/conftest"
 )
 
-// TestStatusFindsTablesUnderAnotherPrefix: status with a forgotten or
-// wrong --prefix names the lock tables it finds under another prefix
+// TestStatusFindsTablesUnderAnotherPrefix: status, sweep and migrate
+// status with a forgotten or wrong --prefix name the lock tables it finds under another prefix
 // before advising to migrate, which would make a second, disjoint set of
 // lock tables (SPEC D1).
 func TestStatusFindsTablesUnderAnotherPrefix(t *testing.T) {
@@ -32,10 +32,14 @@ func TestStatusFindsTablesUnderAnotherPrefix(t *testing.T) {
 			t.Errorf("%q: want exit 2 and one line with %q, got %v", c.args, c.want, r)
 		}
 	}
+	r := cli(t, "migrate", "status", "--dsn", path)
+	if want := "database at version 0 of "; r.code != 0 || !strings.Contains(r.stdout, want) || !strings.Contains(r.stdout, "found nc_db_version: did you mean --prefix nc_? If not, run `sqlease migrate up") {
+		t.Errorf("migrate status without --prefix: want version 0 and the tables under nc_ named, got %v", r)
+	}
 	if r := cli(t, "migrate", "up", "--dsn", path); r.code != 0 {
 		t.Fatalf("migrate: %v", r)
 	}
-	r := cli(t, "status", "--dsn", path, "--prefix", "nd_")
+	r = cli(t, "status", "--dsn", path, "--prefix", "nd_")
 	if want := "Found sqlease_db_version: did you mean to leave out --prefix (the default is sqlease_)?"; r.code != 2 || !strings.Contains(r.stderr, want) {
 		t.Errorf("status --prefix nd_ with the default tables there: want %q, got %v", want, r)
 	}
