@@ -1,20 +1,14 @@
 package cli
 
 import (
-	"context"
-	"database/sql"
-	"fmt"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/sqlease/sqlease/conformance/conftest"
 )
 
 // TestStatusFindsTablesUnderAnotherPrefix: status, sweep and migrate
-// status with a forgotten or wrong --prefix name the lock tables it finds under another prefix
-// before advising to migrate, which would make a second, disjoint set of
-// lock tables (SPEC D1).
+// status with a forgotten or wrong --prefix name the lock tables they find
+// under another prefix before advising to migrate, which would make a
+// second, disjoint set of lock tables (SPEC D1).
 func TestStatusFindsTablesUnderAnotherPrefix(t *testing.T) {
 	path := sqliteFile(t)
 	if r := cli(t, "migrate", "up", "--dsn", path, "--prefix", "nc_"); r.code != 0 {
@@ -49,16 +43,7 @@ func TestStatusFindsTablesUnderAnotherPrefix(t *testing.T) {
 // wrong --schema, or a wrong --prefix in the right schema, names the lock
 // tables it finds.
 func TestStatusFindsTablesInAnotherSchema(t *testing.T) {
-	dsn := conftest.PostgresDSN(t)
-	schema := fmt.Sprintf("sqlease_cli_nc_%d", time.Now().UnixNano()%1e9)
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		db.ExecContext(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
-		db.Close()
-	})
+	dsn, schema, _ := postgresSchema(t, "sqlease_cli_nc_")
 	if r := cli(t, "migrate", "up", "--dsn", dsn, "--schema", schema, "--prefix", "nc_"); r.code != 0 {
 		t.Fatalf("migrate: %v", r)
 	}

@@ -12,6 +12,19 @@ import (
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 )
 
+// sqliteLocker returns a Locker with the default options on a fresh
+// migrated SQLite file, and the file's database; t closes both.
+func sqliteLocker(t *testing.T) (*Locker, *sql.DB) {
+	t.Helper()
+	db := migratedSQLite(t)
+	l, err := New(t.Context(), db, sqlitedialect.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l, db
+}
+
 // loseLease deletes le's row from db and renews it, so le is lost with
 // reason LossNotOurs (SPEC S4, H3).
 func loseLease(t *testing.T, db *sql.DB, le *Lease) {
@@ -33,12 +46,7 @@ func loseLease(t *testing.T, db *sql.DB, le *Lease) {
 // errors.Is still sees every part (SPEC H3).
 func TestDoLossErrorIsOneLine(t *testing.T) {
 	ctx := t.Context()
-	db := migratedSQLite(t)
-	l, err := New(ctx, db, sqlitedialect.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
+	l, db := sqliteLocker(t)
 	for _, tc := range []struct {
 		name string
 		fn   func(ctx context.Context, le *Lease) error
@@ -54,6 +62,7 @@ func TestDoLossErrorIsOneLine(t *testing.T) {
 	} {
 		err := l.Do(ctx, "oneline/"+tc.name, Exclusive, func(fctx context.Context, le *Lease) error {
 			loseLease(t, db, le)
+			<-fctx.Done() // ended by the loss, asynchronously
 			return tc.fn(fctx, le)
 		})
 		if !errors.Is(err, ErrLeaseLost) || (tc.also != nil && !errors.Is(err, tc.also)) {

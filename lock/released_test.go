@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"testing"
-
-	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 )
 
 // TestFenceAfterReleaseIsNotHeld: a fenced transaction on a lease the
@@ -15,12 +13,7 @@ import (
 // lost, will retry" branch does not take it (SPEC F1, H3).
 func TestFenceAfterReleaseIsNotHeld(t *testing.T) {
 	ctx := t.Context()
-	db := migratedSQLite(t)
-	l, err := New(ctx, db, sqlitedialect.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
+	l, db := sqliteLocker(t)
 	le, err := l.TryAcquire(ctx, "released/k", Exclusive)
 	if err != nil {
 		t.Fatal(err)
@@ -40,12 +33,7 @@ func TestFenceAfterReleaseIsNotHeld(t *testing.T) {
 // again instead of nil; after one that deleted the row, nil again.
 func TestReleaseAfterLossRepeats(t *testing.T) {
 	ctx := t.Context()
-	db := migratedSQLite(t)
-	l, err := New(ctx, db, sqlitedialect.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
+	l, db := sqliteLocker(t)
 	le, err := l.TryAcquire(ctx, "released/lost", Exclusive)
 	if err != nil {
 		t.Fatal(err)

@@ -78,12 +78,7 @@ func TestTransientAndUncertain(t *testing.T) {
 // already lost has no window left: one attempt, not retries until the
 // caller's context ends.
 func TestRunFencedOnEndedLeaseTriesOnce(t *testing.T) {
-	db := migratedSQLite(t)
-	l, err := New(t.Context(), db, sqlitedialect.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
+	l, db := sqliteLocker(t)
 	le, err := l.TryAcquire(t.Context(), "retry/ended", Exclusive)
 	if err != nil {
 		t.Fatal(err)
