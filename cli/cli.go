@@ -107,7 +107,10 @@
 // reserved schema such as pg_catalog, a missing --yes or KEY, an in-memory
 // SQLite DSN such as file::memory: for migrate, status, sweep, release or drop,
 // whose database would vanish when the command exits), an unreachable
-// database or lock tables that are not migrated (status, sweep, release). A DSN its
+// database or lock tables that are not migrated (status, sweep, release;
+// when lock tables exist under another prefix or schema, the message, like
+// migrate status's, names them before it advises to migrate: "found
+// nc_db_version: did you mean --prefix nc_?"). A DSN its
 // driver cannot parse is reported as `malformed postgres DSN "..."`, with
 // the parser's reason and no connection tried; one that parses but whose
 // server does not answer as "cannot reach"; a server that refuses the role

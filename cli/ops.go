@@ -102,11 +102,14 @@ func setupMigrate(fs *flag.FlagSet, out *output) func(context.Context, []string)
 			case res.Version == res.Latest:
 				fmt.Fprintf(out.stdout, "database at version %d of %d: up to date (table %s)\n", res.Version, res.Latest, res.VersionTable)
 			case res.Version < res.Latest:
-				caution := ""
+				caution, elsewhere := "", ""
 				if res.Version == 0 {
 					caution = advice.NamespaceCaution(ns)
+					if found := lockTablesElsewhere(ctx, conn, t.dialect, ns); found != "" {
+						elsewhere = found + " If not, "
+					}
 				}
-				fmt.Fprintf(out.stdout, "database at version %d of %d: %s (table %s)%s\n", res.Version, res.Latest, advice.MigrateUpWith(ns, c.db.connAdvice()), res.VersionTable, caution)
+				fmt.Fprintf(out.stdout, "database at version %d of %d: %s%s (table %s)%s\n", res.Version, res.Latest, elsewhere, advice.MigrateUpWith(ns, c.db.connAdvice()), res.VersionTable, caution)
 			default:
 				fmt.Fprintf(out.stdout, "database at version %d, newer than this build's %d: upgrade sqlease (table %s)\n", res.Version, res.Latest, res.VersionTable)
 			}

@@ -147,12 +147,13 @@ func (l *Locker) Acquire(ctx context.Context, key string, mode Mode, opts ...Acq
 //
 // It returns fn's error; if the lease was lost before fn returned
 // (including a trusted window that had ended by then), an error matching
-// ErrLeaseLost joined with fn's error. Without WaitTimeout or a deadline
-// on ctx the acquire waits as long as the key is held; when the wait
-// times out, the error matches ErrLocked. A renewal that fails after
-// fn returned changes nothing (SPEC H4). A release that fails is logged and
-// joined to the result (SPEC H5). Acquire errors are returned as from
-// Acquire.
+// ErrLeaseLost joined with fn's error on one line ("; " between them), or
+// fn's error alone when it already wraps the loss (as context.Cause(ctx)
+// does). Without WaitTimeout or a deadline on ctx the acquire waits as
+// long as the key is held; when the wait times out, the error matches
+// ErrLocked. A renewal that fails after fn returned changes nothing (SPEC
+// H4). A release that fails is logged and joined to the result (SPEC H5).
+// Acquire errors are returned as from Acquire.
 func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx context.Context, lease *Lease) error, opts ...AcquireOption) (err error) {
 	if fn == nil {
 		return inputErr("function", "nil", "Do needs a function to run")
@@ -174,11 +175,11 @@ func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx cont
 			return // panicking: released; the panic goes on
 		}
 		if lost != nil {
-			err = errors.Join(lost, err)
+			err = join(lost, err)
 			return
 		}
 		if relErr != nil && !errors.Is(relErr, ErrNotHeld) {
-			err = errors.Join(err, relErr)
+			err = join(err, relErr)
 		}
 	}()
 	err = fn(fctx, lease)

@@ -21,9 +21,10 @@ const (
 	stateReleased             // released (or a release was attempted)
 )
 
-// Lease is one grant of a key. It renews itself every TTL/3 in the
-// background until Release or loss (SPEC H2). Its methods are safe for
-// concurrent use.
+// Lease is one grant of a key. It renews itself in the background until
+// Release or loss, TTL/3 after the last successful acquire or renew was
+// sent, or up to TTL/12 earlier to share a batch with other leases (SPEC
+// H2). Its methods are safe for concurrent use.
 type Lease struct {
 	l    *Locker
 	key  string
@@ -41,7 +42,8 @@ type Lease struct {
 
 	mu           sync.Mutex
 	state        leaseState
-	released     bool // a release deleted the row or found it gone
+	released     bool  // a release deleted the row or found it gone
+	releaseErr   error // what Release returns again once released: nil, or ErrNotHeld when it found the row gone
 	expiry       time.Time
 	grantedAt    time.Time // database time of the grant
 	lostAt       time.Time // local time the loss was detected
@@ -356,12 +358,14 @@ func (le *Lease) Renew(ctx context.Context) error {
 // with cause ErrReleased, unless it was lost before or the release found
 // the lease gone (cause: a *LeaseLostError).
 //
-// It returns nil when the lease was deleted, or on any call after a
-// release succeeded (Release is idempotent). It returns an error matching
+// It returns nil when the lease was deleted. It returns an error matching
 // ErrNotHeld when the database no longer had the lease (it had expired and
-// was taken over or swept); the lease is then lost too (Err, Context). A
-// release that still fails at its deadline is logged at WARN and returned;
-// the row then ends by expiry, and calling Release again retries.
+// was taken over or swept, or it was lost); the lease is then lost too
+// (Err, Context). Release is idempotent: once a release reached the
+// database, every later call returns what that one returned (nil, or the
+// ErrNotHeld error). A release that still fails at its deadline is logged
+// at WARN and returned; the row then ends by expiry, and calling Release
+// again retries.
 //
 // A dialect may commit the release without waiting for the disk (the
 // PostgreSQL dialect does: synchronous_commit off for the release's own
@@ -372,8 +376,9 @@ func (le *Lease) Renew(ctx context.Context) error {
 func (le *Lease) Release(ctx context.Context) error {
 	le.mu.Lock()
 	if le.released {
+		err := le.releaseErr
 		le.mu.Unlock()
-		return nil
+		return err
 	}
 	wasLost := le.state == stateLost
 	le.state = stateReleased
@@ -391,7 +396,7 @@ func (le *Lease) Release(ctx context.Context) error {
 	start := time.Now()
 	unsure := false // an earlier attempt may have deleted the row
 	var n int64
-	err := l.retryTransient(rctx, 0, func(ctx context.Context) error {
+	err := l.retryTransient(rctx, untilCtx, func(ctx context.Context) error {
 		var err error
 		n, err = l.releaseRows(ctx, le.id, le.token)
 		if err != nil && l.uncertain(err) {
@@ -407,17 +412,20 @@ func (le *Lease) Release(ctx context.Context) error {
 		l.cfg.logger.Warn("sqlease: release failed; the lease ends by expiry", "key", le.key, "lease_id", le.id, "token", le.token, "err", err)
 		return fmt.Errorf("lock: release %q token %d: %w", le.key, le.token, err)
 	}
-	le.mu.Lock()
-	le.released = true
-	le.mu.Unlock()
 	if n == 0 && !unsure {
 		err := fmt.Errorf("lock: release %q token %d: the lease had already ended (expired and taken over or swept): %w", le.key, le.token, ErrNotHeld)
+		le.mu.Lock()
+		le.released, le.releaseErr = true, err
+		le.mu.Unlock()
 		if !wasLost {
 			le.cancel(le.lostErr(LossNotOurs, nil))
 		}
 		l.emit(Event{Kind: EventReleaseFailed, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start), Err: err})
 		return err
 	}
+	le.mu.Lock()
+	le.released = true
+	le.mu.Unlock()
 	if !wasLost {
 		le.cancel(ErrReleased)
 	}
@@ -452,8 +460,9 @@ func (le *Lease) Orphan() {
 //
 // Errors: a *LeaseLostError (ErrLeaseLost) when the lease is lost, locally
 // or in the database; tx must then not commit (RunInTx rolls it back; SPEC
-// F2). errors.ErrUnsupported when the dialect has no fence. Otherwise the
-// database's error.
+// F2). An error matching ErrNotHeld and ErrReleased after Release (not a
+// loss: the caller released the lease). errors.ErrUnsupported when the
+// dialect has no fence. Otherwise the database's error.
 func (le *Lease) Fence(ctx context.Context, tx *sql.Tx) error {
 	l := le.l
 	if tx == nil {
@@ -464,7 +473,8 @@ func (le *Lease) Fence(ctx context.Context, tx *sql.Tx) error {
 	}
 	if err := le.Err(); err != nil {
 		if errors.Is(err, ErrReleased) {
-			return le.lostErr(LossFenceFailed, ErrReleased)
+			// A programming error, not a loss (SPEC F1).
+			return fmt.Errorf("lock: fence %q token %d: %w (%w)", le.key, le.token, ErrNotHeld, ErrReleased)
 		}
 		return err
 	}
@@ -486,8 +496,10 @@ func (le *Lease) Fence(ctx context.Context, tx *sql.Tx) error {
 // lives in.
 //
 // Errors: a *LeaseLostError (ErrLeaseLost) when the fence failed or the
-// lease was lost before commit (nothing is committed); fn's error (rolled
-// back); or the database's error.
+// lease was lost before commit (nothing is committed); an error matching
+// ErrNotHeld and ErrReleased when the lease was released before the fence
+// (nothing is begun past it); fn's error (rolled back); or the database's
+// error.
 func (le *Lease) RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	if db == nil {
 		return inputErr("database", "nil", "RunInTx needs the *sql.DB the lease lives in")
