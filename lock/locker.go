@@ -167,7 +167,7 @@ type statements struct {
 	grant, mark                                                               stmt // fast paths
 	seePrimary                                                                stmt
 	beginWrite                                                                string
-	isolation                                                sql.IsolationLevel
+	isolation                                                                 sql.IsolationLevel
 	sweepReturnsCount                                                         bool
 }
 
