@@ -24,7 +24,10 @@ type acquireConfig struct {
 	wait    time.Duration
 	waitSet bool
 	fifo    bool
-	bad     error // the first nil option (rule I1)
+	// HoldAtLeast and HoldAtMost (SPEC H10).
+	minHold, maxLife       time.Duration
+	minHoldSet, maxLifeSet bool
+	bad                    error // the first nil option (rule I1)
 	// callerCancels: the caller's context can end (Done is not nil);
 	// set by acquire before it adds Close's cancellation.
 	callerCancels bool
@@ -243,6 +246,9 @@ func (l *Locker) checkAcquire(ctx context.Context, key string, mode Mode, ac acq
 	if ac.waitSet && ac.wait < 0 {
 		return inputErr("wait timeout", ac.wait.String(), "zero (try once) or a positive duration")
 	}
+	if err := checkHold(mode, ac); err != nil {
+		return err
+	}
 	if ac.fifo && len(l.st.acquireFIFO) == 0 {
 		return fmt.Errorf("lock: acquire %s %q: FIFO: dialect %q: %w", mode, key, l.d.Name(), errors.ErrUnsupported)
 	}
@@ -284,7 +290,7 @@ func (l *Locker) unlessClosed(ctx context.Context, lease *Lease) (*Lease, error)
 	}
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer rcancel()
-	if rerr := lease.Release(rctx); rerr != nil && !errors.Is(rerr, ErrNotHeld) {
+	if rerr := lease.release(rctx, false); rerr != nil && !errors.Is(rerr, ErrNotHeld) {
 		l.cfg.logger.Warn("sqlease: release of a lease granted during Close failed; it ends by expiry", "key", lease.key, "lease_id", lease.LeaseID(), "err", rerr)
 	}
 	return nil, fmt.Errorf("lock: acquire %s %q: %w", lease.mode, lease.key, ErrClosed)
