@@ -43,9 +43,9 @@ type waiter struct {
 	tk       *ticketArgs
 	minHold  time.Duration // HoldAtLeast (SPEC H10); 0: none
 	maxLife  time.Duration // HoldAtMost (SPEC H10); 0: none
-	ticketAt time.Time // when our ticket was last written; zero: not yet
-	queued   bool      // the last refused attempt saw tickets ahead of ours
-	last     []Holder  // blockers seen by the last refused attempt
+	ticketAt time.Time     // when our ticket was last written; zero: not yet
+	queued   bool          // the last refused attempt saw tickets ahead of ours
+	last     []Holder      // blockers seen by the last refused attempt
 	// What attempts under leaseID may have written without our knowing:
 	// a grant (reply lost) or a marker.
 	maybeGrant, maybeMarker bool
