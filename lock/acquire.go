@@ -95,8 +95,8 @@ func FIFO() AcquireOption {
 // mode is Exclusive; SPEC W4), ErrClosed, the context's
 // error (nothing is left held, SPEC H6), or the database's error.
 //
-// Options: FIFO (never jump the key's FIFO queue, SPEC W6); WaitTimeout is
-// ignored.
+// Options: FIFO (never jump the key's FIFO queue, SPEC W6); HoldAtLeast
+// and HoldAtMost (exclusive only, SPEC H10); WaitTimeout is ignored.
 func (l *Locker) TryAcquire(ctx context.Context, key string, mode Mode, opts ...AcquireOption) (*Lease, error) {
 	var ac acquireConfig
 	ac.apply(opts)
@@ -156,6 +156,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, mode Mode, opts ...Acq
 // fn returned changes nothing (SPEC H4). A release that fails is logged and
 // joined to the result (SPEC H5). Acquire errors are returned as from
 // Acquire.
+//
+// For a scheduled job run by every replica (SPEC H10): HoldAtLeast(d) keeps
+// the key taken until d after the grant when fn returns sooner, so
+// replicas whose ticks differ by less than d run it once; HoldAtMost(d)
+// ends fn's context (cause ErrLeaseLost, reason LossMaxLife) d after the
+// grant, and Do then returns an error matching ErrLeaseLost.
 func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx context.Context, lease *Lease) error, opts ...AcquireOption) (err error) {
 	if fn == nil {
 		return inputErr("function", "nil", "Do needs a function to run")

@@ -37,7 +37,8 @@ const holdSlack = 50 * time.Millisecond
 // The hold is kept by the holder's release: a holder that crashes (or a
 // release that fails) leaves the row to expire at its last expiry, one TTL
 // after its last renewal, which may be before grant + d. A lease lost
-// before its release keeps no hold. The hold costs one Renew statement at
+// before its release keeps no hold, unless it was lost to its maximum life
+// (HoldAtMost equal or close to d) and its row is still live. The hold costs one Renew statement at
 // release instead of a Release (two when the database clock disagrees with
 // the local one by more than 50 ms).
 //

@@ -166,6 +166,12 @@ func (le *Lease) Err() error {
 	return context.Cause(le.ctx)
 }
 
+// lostTo reports whether the lease was lost for reason.
+func (le *Lease) lostTo(reason LossReason) bool {
+	var lost *LeaseLostError
+	return errors.As(context.Cause(le.ctx), &lost) && lost.Reason == reason
+}
+
 func (le *Lease) lostErr(reason LossReason, err error) *LeaseLostError {
 	return &LeaseLostError{Key: le.key, LeaseID: le.id, Token: le.token, Reason: reason, Err: err}
 }
@@ -387,7 +393,8 @@ func (le *Lease) Renew(ctx context.Context) error {
 // With HoldAtLeast, a release before grant + minimum (database time) sets
 // the row's expiry to grant + minimum instead of deleting it (SPEC H10);
 // the Lease counts as released all the same. A lease lost before its
-// release keeps no hold.
+// release keeps no hold, unless it was lost to its maximum life
+// (HoldAtMost, LossMaxLife) with its row still live.
 func (le *Lease) Release(ctx context.Context) error {
 	return le.release(ctx, true)
 }
@@ -417,7 +424,7 @@ func (le *Lease) release(ctx context.Context, keepHold bool) error {
 	start := time.Now()
 	unsure := false // an earlier attempt may have deleted the row
 	var n int64
-	keep := keepHold && !wasLost && le.holdLeft(start) > 0
+	keep := keepHold && (!wasLost || le.lostTo(LossMaxLife)) && le.holdLeft(start) > 0
 	deleted := !keep
 	err := l.retryTransient(rctx, 0, func(ctx context.Context) error {
 		var err error
