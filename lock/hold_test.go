@@ -160,4 +160,3 @@ func TestHoldAtLeastSameLockerWaits(t *testing.T) {
 		t.Errorf("granted at %s, before the hold's end %s", again.GrantedAt(), le.GrantedAt().Add(hold))
 	}
 }
-
