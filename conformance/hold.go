@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sqlease/sqlease/internal/faultdb"
 	"github.com/sqlease/sqlease/lock"
 )
 
@@ -18,6 +19,7 @@ func init() {
 		Case{Name: "H10_HoldAtMostEndsLeaseAsLoss", Rule: "H10", Run: h10HoldAtMostEndsLease},
 		Case{Name: "H10_HoldAtMostShorterThanTTL", Rule: "H10", Run: h10HoldAtMostShort},
 		Case{Name: "H10_BadHoldRefused", Rule: "H10", Run: h10BadHold},
+		Case{Name: "H10_FailedHoldEndsByExpiry", Rule: "H10", Run: h10FailedHold},
 	)
 }
 
@@ -243,5 +245,40 @@ func h10BadHold(e *Env) {
 	}
 	if hs := lcHolders(e, l, "h10/bad"); len(hs) != 0 {
 		e.T.Errorf("refused acquires left rows: %v", hs)
+	}
+}
+
+// h10FailedHold: the hold's statement fails until the release deadline.
+// Release returns the error, the lease counts as released, and the key
+// frees when the row's last expiry passes (one TTL after the grant), not
+// at grant + minimum, as after a crash (SPEC H10, H5).
+func h10FailedHold(e *Env) {
+	ctx := e.Ctx()
+	const ttl, hold = 900 * time.Millisecond, 10 * time.Second
+	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithReleaseTimeout(300*time.Millisecond))
+	le, err := l.TryAcquire(ctx, "h10/failed", lock.Exclusive, lock.HoldAtLeast(hold))
+	if err != nil {
+		e.T.Fatalf("acquire: %v", err)
+	}
+	renew := lcRendered(e, "Renew", e.Dialect.Statements().Renew)
+	remove := e.Faults.Add(faultdb.Rule{Match: renew, Action: faultdb.Fail, Err: lcTransientError(e)})
+	err = le.Release(ctx)
+	remove()
+	if err == nil || errors.Is(err, lock.ErrNotHeld) {
+		e.T.Errorf("release whose hold fails until its deadline = %v, want the failure", err)
+	}
+	if !errors.Is(le.Err(), lock.ErrReleased) {
+		e.T.Errorf("lease after a failed hold: %v, want ErrReleased", le.Err())
+	}
+	other := e.NewLocker(nil)
+	again, err := other.Acquire(ctx, "h10/failed", lock.Exclusive, lock.WaitTimeout(ttl+2*lcSlack))
+	if err != nil {
+		e.T.Fatalf("acquire after a failed hold: %v, want the key once the row expired", err)
+	}
+	if again.GrantedAt().After(le.GrantedAt().Add(ttl + lcSlack)) {
+		e.T.Errorf("granted %s after the failed hold's grant, want within one TTL (%s)", again.GrantedAt().Sub(le.GrantedAt()), ttl)
+	}
+	if err := again.Release(ctx); err != nil {
+		e.T.Errorf("release: %v", err)
 	}
 }

@@ -28,8 +28,9 @@ const holdSlack = 50 * time.Millisecond
 // deleting it. Other acquirers see the key held until then and take it
 // over when it expires, with a greater token. The Lease counts as released
 // at once for this Locker (ErrReleased; renewals stop; the same Locker may
-// acquire the key again and waits like anyone else). A release at or after
-// grant + d deletes the row as usual.
+// acquire the key again and waits like anyone else; Lease.Expiry reports
+// the held row's expiry). A release at or after grant + d deletes the row
+// as usual.
 //
 // It is ShedLock's lockAtLeastFor: replicas of a scheduled job whose ticks
 // differ by less than d run the job once per tick.
@@ -200,15 +201,19 @@ func (le *Lease) keep(ctx context.Context) (n int64, deleted bool, err error) {
 	if err != nil || n == 0 {
 		return n, false, err
 	}
-	if exp >= target && exp <= target+holdSlack.Microseconds() {
-		return n, false, nil
+	if exp < target || exp > target+holdSlack.Microseconds() {
+		if target <= now {
+			n, err = l.releaseRows(ctx, le.id, le.token)
+			return n, true, err
+		}
+		if exp, _, n, err = l.renewRow(ctx, le, time.Duration(target-now)*time.Microsecond); err != nil || n == 0 {
+			return n, false, err
+		}
 	}
-	if target <= now {
-		n, err = l.releaseRows(ctx, le.id, le.token)
-		return n, true, err
-	}
-	_, _, n, err = l.renewRow(ctx, le, time.Duration(target-now)*time.Microsecond)
-	return n, false, err
+	le.mu.Lock()
+	le.expiry = time.UnixMicro(exp)
+	le.mu.Unlock()
+	return n, false, nil
 }
 
 // renewRow runs the Renew statement for le with ttl on a write connection
