@@ -65,19 +65,14 @@ func ExampleHoldAtMost() {
 // maximum life and campaigns again, so terms end on a schedule; each term
 // ends with LossMaxLife.
 func TestLeadWithHoldAtMost(t *testing.T) {
-	db := setupSQLite(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	l, err := lock.New(ctx, db, nil, lock.WithTTL(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
+	l := sqliteLocker(t, lock.WithTTL(time.Second))
 	const life = 300 * time.Millisecond
 	var mu sync.Mutex
 	var stops []error
 	var tokens []int64
-	err = l.Lead(ctx, "h10/lead", func(ctx context.Context, lease *lock.Lease) error {
+	err := l.Lead(ctx, "h10/lead", func(ctx context.Context, lease *lock.Lease) error {
 		<-ctx.Done()
 		return context.Cause(ctx)
 	}, lock.LeadAcquireOptions(lock.HoldAtMost(life)),
@@ -112,14 +107,8 @@ func TestLeadWithHoldAtMost(t *testing.T) {
 
 // A bad hold option passed to Lead is returned at once, as from Do.
 func TestLeadRefusesBadHold(t *testing.T) {
-	db := setupSQLite(t)
-	ctx := t.Context()
-	l, err := lock.New(ctx, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
-	err = l.Lead(ctx, "h10/lead", func(context.Context, *lock.Lease) error {
+	l := sqliteLocker(t)
+	err := l.Lead(t.Context(), "h10/lead", func(context.Context, *lock.Lease) error {
 		t.Error("fn ran with a bad option")
 		return nil
 	}, lock.LeadAcquireOptions(lock.HoldAtMost(-time.Second)))
@@ -130,13 +119,8 @@ func TestLeadRefusesBadHold(t *testing.T) {
 // held (Release is idempotent), and the same Locker waits for the hold like
 // any other acquirer (SPEC H10, H8).
 func TestHoldAtLeastSameLockerWaits(t *testing.T) {
-	db := setupSQLite(t)
 	ctx := t.Context()
-	l, err := lock.New(ctx, db, nil, lock.WithTTL(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
+	l := sqliteLocker(t, lock.WithTTL(2*time.Second))
 	const hold = 600 * time.Millisecond
 	le, err := l.TryAcquire(ctx, "h10/same", lock.Exclusive, lock.HoldAtLeast(hold))
 	if err != nil {
