@@ -35,8 +35,9 @@
 //	                     expired and was taken over or swept, or was deleted),
 //	                     "window_exhausted" (renewals kept failing until the
 //	                     trusted window ended), "fence_failed" (a fence found the
-//	                     lease no longer live); "other" for a reason this package
-//	                     does not know
+//	                     lease no longer live), "orphaned" (Lease.Orphan),
+//	                     "max_life" (lock.HoldAtMost reached); "other" for a
+//	                     reason this package does not know
 //
 // Attributes given with WithAttributes are added to every data point.
 //
