@@ -93,7 +93,7 @@ func checkHold(mode Mode, ac acquireConfig) error {
 		if !ac.minHoldSet {
 			opt = "HoldAtMost"
 		}
-		return inputErr("mode", mode.String(), "Exclusive: "+opt+" applies to exclusive leases only")
+		return inputErr("mode", mode.String(), "Exclusive ("+opt+" applies to exclusive leases only)")
 	}
 	return nil
 }
