@@ -144,3 +144,28 @@ func TestHoldAtLeastSameLockerWaits(t *testing.T) {
 		t.Errorf("granted at %s, before the hold's end %s", again.GrantedAt(), le.GrantedAt().Add(hold))
 	}
 }
+
+// A lease lost before its release keeps no minimum hold: the release
+// deletes the row and the key is free at once (SPEC H10).
+func TestLostLeaseKeepsNoHold(t *testing.T) {
+	ctx := t.Context()
+	l := sqliteLocker(t, lock.WithTTL(300*time.Millisecond))
+	le, err := l.TryAcquire(ctx, "h10/lost", lock.Exclusive, lock.HoldAtLeast(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	le.Orphan()
+	select {
+	case <-le.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("orphaned lease not lost 5s after its window")
+	}
+	if err := le.Release(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("release of the lost lease: %v", err)
+	}
+	again, err := l.TryAcquire(ctx, "h10/lost", lock.Exclusive)
+	if err != nil {
+		t.Fatalf("try acquire after releasing a lost lease with a minimum hold: %v, want the key free", err)
+	}
+	_ = again.Release(ctx)
+}
