@@ -49,7 +49,6 @@ type Lease struct {
 	lastSend     time.Time // local monotonic send time of the last successful acquire/renew
 	trustedUntil time.Time
 	orphaned     bool // Orphan was called: an ended window is reported as LossOrphaned
-	lastRenewal  bool // the renewal to the end of life (HoldAtMost) succeeded: no other follows
 
 	// Owned by the Locker's renewer (under Locker.rmu).
 	renewing  bool          // false once released, lost or orphaned
@@ -319,7 +318,7 @@ func (le *Lease) renewed(send time.Time, expUS int64, final bool) {
 			le.lastSend = send
 			le.trustedUntil = le.hold.clamp(send.Add(l.cfg.ttl - l.cfg.margin))
 			if final {
-				le.trustedUntil, le.lastRenewal = le.hold.lifeEnd, true
+				le.trustedUntil = le.hold.lifeEnd
 			}
 			le.expiry = time.UnixMicro(expUS)
 		}

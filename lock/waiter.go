@@ -27,6 +27,8 @@ type waiter struct {
 	cancels  bool // the caller's context can end (acquireBounds)
 	activeID string
 	leaseID  string
+	minHold  time.Duration // HoldAtLeast (SPEC H10); 0: none
+	maxLife  time.Duration // HoldAtMost (SPEC H10); 0: none
 
 	start    time.Time
 	deadline time.Time // the WaitTimeout's end; zero: none
@@ -41,11 +43,9 @@ type waiter struct {
 	// FIFO (SPEC W6): the ticket is the acquire's ID, written on the first
 	// attempt and refreshed every third of its TTL; nil without FIFO.
 	tk       *ticketArgs
-	minHold  time.Duration // HoldAtLeast (SPEC H10); 0: none
-	maxLife  time.Duration // HoldAtMost (SPEC H10); 0: none
-	ticketAt time.Time     // when our ticket was last written; zero: not yet
-	queued   bool          // the last refused attempt saw tickets ahead of ours
-	last     []Holder      // blockers seen by the last refused attempt
+	ticketAt time.Time // when our ticket was last written; zero: not yet
+	queued   bool      // the last refused attempt saw tickets ahead of ours
+	last     []Holder  // blockers seen by the last refused attempt
 	// What attempts under leaseID may have written without our knowing:
 	// a grant (reply lost) or a marker.
 	maybeGrant, maybeMarker bool
