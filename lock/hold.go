@@ -39,9 +39,9 @@ const holdSlack = 50 * time.Millisecond
 // release that fails) leaves the row to expire at its last expiry, one TTL
 // after its last renewal, which may be before grant + d. A lease lost
 // before its release keeps no hold, unless it was lost to its maximum life
-// (HoldAtMost equal or close to d) and its row is still live. The hold costs one Renew statement at
-// release instead of a Release (two when the database clock disagrees with
-// the local one by more than 50 ms).
+// (HoldAtMost close to d) with its row still live. The hold costs one
+// Renew statement at release instead of a Release (two when the database
+// clock disagrees with the local one by more than 50 ms).
 //
 // d is in (0, MaxHold]; exclusive leases only. Otherwise the acquire fails
 // with an *InputError matching ErrInvalidInput (SPEC I1). With Lead, pass
@@ -51,14 +51,14 @@ func HoldAtLeast(d time.Duration) AcquireOption {
 }
 
 // HoldAtMost gives the lease a maximum life of d after the grant, in
-// database time (SPEC H10): renewals never extend the row past grant + d,
-// and the lease is lost at grant + d at the latest: its context (and Do's
-// or Lead's function context) ends with a *LeaseLostError matching
-// ErrLeaseLost with reason LossMaxLife (SPEC H3), before the row expires
-// in the database (the local signal comes up to the safety margin, scaled
-// to min(d, TTL)/TTL, early). The row then expires about grant + d (plus
-// the latency of the last renewal), so another acquirer takes the key over
-// right after; a Do whose function returns on the lost context releases
+// database time (SPEC H10). The lease is lost before grant + d: its
+// context (and Do's or Lead's function context) ends with a
+// *LeaseLostError matching ErrLeaseLost, reason LossMaxLife (SPEC H3), up
+// to the safety margin (scaled by min(d, TTL)/TTL) early, and always
+// before its row expires. Renewals stop extending the row by the TTL once
+// less than a TTL of life is left: the last one sets its expiry to grant +
+// d (plus that renewal's latency), so another acquirer takes the key over
+// right after; a Do whose function returns on the lost context deletes
 // the row at once.
 //
 // It is ShedLock's lockAtMostFor: a job that hangs does not keep the key
@@ -66,10 +66,14 @@ func HoldAtLeast(d time.Duration) AcquireOption {
 // leader steps down at most every d and campaigns again; pass it through
 // LeadAcquireOptions).
 //
+// A holder that crashes frees the key when its row expires: one TTL after
+// its last renewal, which is at most about grant + d once the last renewal
+// ran (with d shorter than the TTL that renewal runs halfway to d; a crash
+// before it leaves the grant's expiry, grant + TTL).
+//
 // d is in (0, MaxHold] and at least HoldAtLeast when both are given;
 // exclusive leases only. Otherwise the acquire fails with an *InputError
-// matching ErrInvalidInput (SPEC I1). A holder that crashes frees the key
-// at its row's expiry, at most grant + d.
+// matching ErrInvalidInput (SPEC I1).
 func HoldAtMost(d time.Duration) AcquireOption {
 	return func(c *acquireConfig) { c.maxLife, c.maxLifeSet = d, true }
 }
