@@ -135,6 +135,9 @@ const (
 	// LossOrphaned: Orphan stopped renewing the lease on purpose; it ends
 	// by expiry in the database.
 	LossOrphaned LossReason = "orphaned: renewal stopped by Orphan, the lease ends by expiry"
+	// LossMaxLife: the lease reached the maximum life HoldAtMost gave it
+	// (SPEC H10); its row expires at grant + that life.
+	LossMaxLife LossReason = "maximum life (HoldAtMost) reached"
 )
 
 // LeaseLostError says which lease was lost and why (SPEC H3). It matches

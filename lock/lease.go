@@ -34,6 +34,7 @@ type Lease struct {
 	activeID string
 	owner    string
 	token    int64
+	hold     holds // HoldAtLeast, HoldAtMost (SPEC H10)
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -59,10 +60,10 @@ type Lease struct {
 	heapIndex int
 }
 
-func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Time, activeID string) *Lease {
+func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Time, activeID string, hold holds) *Lease {
 	le := &Lease{
-		l: l, key: key, mode: mode, id: res.lease.LeaseID, activeID: activeID, owner: res.lease.Owner, token: res.lease.Token,
-		expiry: res.lease.Expiry, grantedAt: res.grantedAt, lastSend: send, trustedUntil: send.Add(l.cfg.ttl - l.cfg.margin),
+		l: l, key: key, mode: mode, id: res.lease.LeaseID, activeID: activeID, owner: res.lease.Owner, token: res.lease.Token, hold: hold,
+		expiry: res.lease.Expiry, grantedAt: res.grantedAt, lastSend: send, trustedUntil: hold.clamp(send.Add(l.cfg.ttl - l.cfg.margin)),
 	}
 	le.ctx, le.cancel = context.WithCancelCause(context.WithValue(context.Background(), leaseKey{}, le))
 	// checkWindow takes le.mu first, so it cannot see le.watchdog unset.
@@ -77,7 +78,7 @@ func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Ti
 		}
 	}
 	l.mu.Unlock()
-	l.schedule(le, send.Add(l.cfg.ttl/3))
+	l.schedule(le, hold.nextRenewal(l.cfg.ttl, send))
 	return le
 }
 
@@ -166,6 +167,12 @@ func (le *Lease) Err() error {
 	return context.Cause(le.ctx)
 }
 
+// lostTo reports whether the lease was lost for reason.
+func (le *Lease) lostTo(reason LossReason) bool {
+	var lost *LeaseLostError
+	return errors.As(context.Cause(le.ctx), &lost) && lost.Reason == reason
+}
+
 func (le *Lease) lostErr(reason LossReason, err error) *LeaseLostError {
 	return &LeaseLostError{Key: le.key, LeaseID: le.id, Token: le.token, Reason: reason, Err: err}
 }
@@ -183,7 +190,7 @@ func (le *Lease) lose(reason LossReason, err error) error {
 	}
 	le.state = stateLost
 	le.lostAt = time.Now()
-	if (reason == LossWindowExhausted || reason == LossOrphaned) && le.trustedUntil.Before(le.lostAt) {
+	if (reason == LossWindowExhausted || reason == LossOrphaned || reason == LossMaxLife) && le.trustedUntil.Before(le.lostAt) {
 		// The window ended at trustedUntil, whenever its end is noticed
 		// (a late timer): a function that returned after that returned
 		// without its lease (SPEC H4).
@@ -213,11 +220,14 @@ func (le *Lease) checkWindow() {
 		le.watchdog.Reset(d)
 		return
 	}
-	if orphaned {
+	switch {
+	case le.hold.maxLife > 0 && !until.Before(le.hold.lifeEnd):
+		le.lose(LossMaxLife, nil)
+	case orphaned:
 		le.lose(LossOrphaned, nil)
-		return
+	default:
+		le.lose(LossWindowExhausted, nil)
 	}
-	le.lose(LossWindowExhausted, nil)
 }
 
 func (le *Lease) stopRenewal() { le.l.unschedule(le) }
@@ -280,9 +290,13 @@ func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
 	}
 	defer leave()
 	send := time.Now()
+	ttl, final := le.hold.renewTTL(l.cfg.ttl, send)
+	if ttl <= 0 {
+		return nil // at its end of life (SPEC H10): the watchdog ends it
+	}
 	var exp, now int64
 	err = queryOne(rctx, db, l.st.renew.SQL, l.st.renew.Args(map[string]any{
-		"lease_id": le.id, "token": le.token, "ttl_us": l.cfg.ttl.Microseconds(),
+		"lease_id": le.id, "token": le.token, "ttl_us": ttl.Microseconds(),
 	}), &exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return errRenewNotFound
@@ -290,19 +304,24 @@ func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return err
 	}
-	le.renewed(send, exp)
+	le.renewed(send, exp, final)
 	return nil
 }
 
 // renewed records a successful renewal sent at send: it moves the trusted
-// window (SPEC H1) and the database expiry.
-func (le *Lease) renewed(send time.Time, expUS int64) {
+// window (SPEC H1) and the database expiry. A final renewal (HoldAtMost,
+// SPEC H10) took the row to the end of life: the window ends there, and no
+// renewal follows.
+func (le *Lease) renewed(send time.Time, expUS int64, final bool) {
 	l := le.l
 	le.mu.Lock()
 	if le.state == stateHeld || le.state == stateFinishing {
 		if send.After(le.lastSend) {
 			le.lastSend = send
-			le.trustedUntil = send.Add(l.cfg.ttl - l.cfg.margin)
+			le.trustedUntil = le.hold.clamp(send.Add(l.cfg.ttl - l.cfg.margin))
+			if final {
+				le.trustedUntil = le.hold.lifeEnd
+			}
 			le.expiry = time.UnixMicro(expUS)
 		}
 		if le.state == stateHeld {
@@ -373,7 +392,20 @@ func (le *Lease) Renew(ctx context.Context) error {
 // then bring the row back: the lease ends by expiry, as after a failed
 // release (SPEC H5), at most one TTL later, and is never granted to two
 // holders, since grants commit durably.
+//
+// With HoldAtLeast, a release before grant + minimum (database time) sets
+// the row's expiry to grant + minimum instead of deleting it (SPEC H10);
+// the Lease counts as released all the same. A lease lost before its
+// release keeps no hold, unless it was lost to its maximum life
+// (HoldAtMost, LossMaxLife) with its row still live.
 func (le *Lease) Release(ctx context.Context) error {
+	return le.release(ctx, true)
+}
+
+// release is Release; keepHold false deletes the row even before the
+// minimum hold (an acquire that returns ErrClosed: the caller never had
+// the lease).
+func (le *Lease) release(ctx context.Context, keepHold bool) error {
 	le.mu.Lock()
 	if le.released {
 		err := le.releaseErr
@@ -396,9 +428,15 @@ func (le *Lease) Release(ctx context.Context) error {
 	start := time.Now()
 	unsure := false // an earlier attempt may have deleted the row
 	var n int64
+	keep := keepHold && (!wasLost || le.lostTo(LossMaxLife)) && le.holdLeft(start) > 0
+	deleted := !keep
 	err := l.retryTransient(rctx, untilCtx, func(ctx context.Context) error {
 		var err error
-		n, err = l.releaseRows(ctx, le.id, le.token)
+		if keep {
+			n, deleted, err = le.keep(ctx)
+		} else {
+			n, err = l.releaseRows(ctx, le.id, le.token)
+		}
 		if err != nil && l.uncertain(err) {
 			unsure = true
 		}
@@ -429,7 +467,9 @@ func (le *Lease) Release(ctx context.Context) error {
 	if !wasLost {
 		le.cancel(ErrReleased)
 	}
-	hubWake(l.channel, le.key, "")
+	if deleted {
+		hubWake(l.channel, le.key, "")
+	}
 	l.emit(Event{Kind: EventReleaseOK, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start)})
 	return nil
 }
