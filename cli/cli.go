@@ -23,6 +23,7 @@
 //	sqlease migrate [up|status|down] [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P] [--yes] [--json]
 //	sqlease status  [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P] [--key PREFIX] [--json]
 //	sqlease sweep   [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P] [--limit N] [--json]
+//	sqlease release KEY [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P] [--yes] [--json]
 //	sqlease drop    [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P] [--yes] [--json]
 //	sqlease version [--json]
 //
@@ -39,7 +40,13 @@
 // 0 either way: it reports); migrate down reverts them all (goose's
 // DownTo(0), through migrate.Down), keeping the version table. status lists
 // leases and pending writers, sweep deletes expired rows in one bounded
-// batch. drop uninstalls (migrate.Drop): it reverts every migration and
+// batch. release ends every lease of exactly KEY, whoever holds it
+// (lock.Locker.ForceRelease; waiters' markers and FIFO tickets are left
+// alone): its holder finds the lease gone at its next renewal, its fenced
+// transactions commit nothing meanwhile, and the next grant has a greater
+// token. Without --yes it lists the leases it would release and asks, or,
+// when stdin is not a terminal, exits 2; it exits 1 when nothing holds
+// KEY. drop uninstalls (migrate.Drop): it reverts every migration and
 // drops the version table and the migration lock's table, so nothing of the
 // namespace is left; the schema itself is kept. migrate down and drop
 // delete every lease: they ask for "yes" on a terminal, and when stdin is
@@ -73,6 +80,9 @@
 //     "pending_writer", "queue_position" (a live ticket's place in its
 //     key's queue, 1 next; 0 otherwise)}.
 //   - sweep: one object {"swept", "limit"}.
+//   - release: one object {"key", "released": [leases as status prints
+//     them, read just before the release]}; "released" is empty when
+//     nothing held the key (exit 1).
 //   - drop: one object {"reverted": [as migrations above], "dropped" (the
 //     tables dropped, quoted as in SQL), "duration_ms"}.
 //   - version: one object {"module", "version", "commit", "commit_time",
@@ -90,13 +100,17 @@
 // its own.
 //
 // Exit codes: 0 success; 1 a conformance case failed, a database operation
-// failed or a confirmation was declined; 2 bad usage (every bad input: an
+// failed, a confirmation was declined or release found nothing held under
+// its key; 2 bad usage (every bad input: an
 // unknown flag or argument, an unknown --dialect, a malformed DSN, a key
 // prefix that is not valid UTF-8, has a NUL or is over 512 bytes, a bad or
-// reserved schema such as pg_catalog, a missing --yes, an in-memory
-// SQLite DSN such as file::memory: for migrate, status, sweep or drop,
+// reserved schema such as pg_catalog, a missing --yes or KEY, an in-memory
+// SQLite DSN such as file::memory: for migrate, status, sweep, release or drop,
 // whose database would vanish when the command exits), an unreachable
-// database or lock tables that are not migrated (status, sweep). A DSN its
+// database or lock tables that are not migrated (status, sweep, release;
+// when lock tables exist under another prefix or schema, the message, like
+// migrate status's, names them before it advises to migrate: "found
+// nc_db_version: did you mean --prefix nc_?"). A DSN its
 // driver cannot parse is reported as `malformed postgres DSN "..."`, with
 // the parser's reason and no connection tried; one that parses but whose
 // server does not answer as "cannot reach"; a server that refuses the role
@@ -233,6 +247,7 @@ func commands() []command {
 		{name: "migrate", args: "[up|status|down]", summary: "apply the lock table migrations (up, the default), list them (status) or revert them all (down, asks first)", more: migrateStatusExit, setup: setupMigrate},
 		{name: "status", summary: "list leases, pending-writer markers and FIFO tickets with their tokens and expiry", more: statusModes, setup: setupStatus},
 		{name: "sweep", summary: "delete expired lease rows, at most --limit, in one short transaction", setup: setupSweep},
+		{name: "release", args: "KEY", summary: "end every lease of exactly KEY now, whoever holds it (asks first); its holder finds it gone at its next renewal", more: releaseMore, setup: setupRelease},
 		{name: "drop", summary: "uninstall: revert every migration and drop the version and migration lock tables (asks first)", setup: setupDrop},
 		{name: "version", summary: "print the sqlease module version and the commit it was built from", setup: setupVersion},
 	}
@@ -423,7 +438,7 @@ func usage(w io.Writer) {
 		}
 		fmt.Fprintf(w, "           %s %s\n", line, strings.Join(flags, " "))
 	}
-	fmt.Fprintf(w, "\n%s\n\nExit codes: 0 success; 1 a check case or a database operation failed, or a\nconfirmation was declined; 2 bad usage (any bad input), unreachable database\nor lock tables not migrated (status, sweep). migrate status exits 0 with\nmigrations pending: it reports, it does not refuse.\n\nRun 'sqlease help <command>' for the meaning of each flag.\n", dsnHelp())
+	fmt.Fprintf(w, "\n%s\n\nExit codes: 0 success; 1 a check case or a database operation failed, or a\nconfirmation was declined; 2 bad usage (any bad input), unreachable database\nor lock tables not migrated (status, sweep, release). release exits 1 when\nnothing holds its key. migrate status exits 0 with migrations pending: it\nreports, it does not refuse.\n\nRun 'sqlease help <command>' for the meaning of each flag.\n", dsnHelp())
 }
 
 func commandUsage(w io.Writer, c command) {

@@ -803,9 +803,12 @@ func TestCheckMySQL(t *testing.T) {
 	}
 }
 
-func TestStatusPostgresSchema(t *testing.T) {
-	dsn := conftest.PostgresDSN(t)
-	schema := fmt.Sprintf("sqlease_cli_%d", time.Now().UnixNano()%1e9)
+// postgresSchema returns the test PostgreSQL DSN, the name of a schema
+// (prefix and a number) dropped when t ends, and a database on the DSN.
+func postgresSchema(t *testing.T, prefix string) (dsn, schema string, db *sql.DB) {
+	t.Helper()
+	dsn = conftest.PostgresDSN(t)
+	schema = fmt.Sprintf("%s%d", prefix, time.Now().UnixNano()%1e9)
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -814,6 +817,11 @@ func TestStatusPostgresSchema(t *testing.T) {
 		db.ExecContext(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
 		db.Close()
 	})
+	return dsn, schema, db
+}
+
+func TestStatusPostgresSchema(t *testing.T) {
+	dsn, schema, db := postgresSchema(t, "sqlease_cli_")
 	r := cli(t, "status", "--dsn", dsn, "--schema", schema)
 	if r.code != 2 || !strings.Contains(r.stderr, "sqlease migrate") {
 		t.Fatalf("status before migrate: want exit 2 saying to migrate, got %v", r)

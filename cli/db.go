@@ -316,7 +316,9 @@ func noArgs(args []string) error {
 }
 
 // newLocker builds a Locker on db for the operator commands. Lock tables
-// that are missing or old are a usage error (exit 2) giving migrateAdvice.
+// that are missing or old are a usage error (exit 2) giving migrateAdvice;
+// missing ones, after naming the lock tables found under another prefix or
+// schema (lockTablesElsewhere).
 func newLocker(ctx context.Context, db *sql.DB, t target, ns dialect.Namespace, migrateAdvice string) (*lock.Locker, error) {
 	l, err := lock.New(ctx, db, t.dialect,
 		lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix),
@@ -325,6 +327,12 @@ func newLocker(ctx context.Context, db *sql.DB, t target, ns dialect.Namespace, 
 	switch {
 	case errors.As(err, &se):
 		if se.Current == 0 {
+			// A forgotten --prefix or --schema: migrating would make a
+			// second, disjoint set of lock tables.
+			if elsewhere := lockTablesElsewhere(ctx, db, t.dialect, ns); elsewhere != "" {
+				return nil, usageErr("the lock tables are not migrated (%s is at version 0, need %d): %s If not, %s%s",
+					se.Table, se.Want, elsewhere, migrateAdvice, advice.NamespaceCaution(se.Namespace))
+			}
 			return nil, usageErr("the lock tables are not migrated (%s is at version 0, need %d): %s%s",
 				se.Table, se.Want, migrateAdvice, advice.NamespaceCaution(se.Namespace))
 		}

@@ -102,11 +102,14 @@ func setupMigrate(fs *flag.FlagSet, out *output) func(context.Context, []string)
 			case res.Version == res.Latest:
 				fmt.Fprintf(out.stdout, "database at version %d of %d: up to date (table %s)\n", res.Version, res.Latest, res.VersionTable)
 			case res.Version < res.Latest:
-				caution := ""
+				caution, elsewhere := "", ""
 				if res.Version == 0 {
 					caution = advice.NamespaceCaution(ns)
+					if found := lockTablesElsewhere(ctx, conn, t.dialect, ns); found != "" {
+						elsewhere = found + " If not, "
+					}
 				}
-				fmt.Fprintf(out.stdout, "database at version %d of %d: %s (table %s)%s\n", res.Version, res.Latest, advice.MigrateUpWith(ns, c.db.connAdvice()), res.VersionTable, caution)
+				fmt.Fprintf(out.stdout, "database at version %d of %d: %s%s (table %s)%s\n", res.Version, res.Latest, elsewhere, advice.MigrateUpWith(ns, c.db.connAdvice()), res.VersionTable, caution)
 			default:
 				fmt.Fprintf(out.stdout, "database at version %d, newer than this build's %d: upgrade sqlease (table %s)\n", res.Version, res.Latest, res.VersionTable)
 			}
@@ -303,34 +306,13 @@ func setupStatus(fs *flag.FlagSet, out *output) func(context.Context, []string) 
 		if c.asJSON {
 			enc := json.NewEncoder(out.stdout)
 			for i, h := range holders {
-				in := h.Expiry.Sub(now)
-				if err := enc.Encode(holderJSON{
-					Key: h.Key, Mode: h.Mode.String(), Owner: h.Owner, LeaseID: h.LeaseID, Token: h.Token,
-					ExpiresAt:   h.Expiry.UTC().Format(time.RFC3339Nano),
-					ExpiresInMS: in.Milliseconds(), Expired: in <= 0,
-					PendingWriter: h.Mode == lock.PendingWriter,
-					QueuePosition: pos[i],
-				}); err != nil {
+				if err := enc.Encode(newHolderJSON(h, now, pos[i])); err != nil {
 					return err
 				}
 			}
 			return nil
 		}
-		tw := tabwriter.NewWriter(out.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tMODE\tOWNER\tLEASE ID\tTOKEN\tQUEUE\tEXPIRES IN")
-		for i, h := range holders {
-			token, queue := fmt.Sprint(h.Token), "-"
-			if h.Mode == lock.PendingWriter || h.Mode == lock.Queued {
-				// Neither holds a lease: no fencing token. A ticket's
-				// Token only orders the queue; its place is QUEUE.
-				token = "-"
-			}
-			if p := pos[i]; p > 0 {
-				queue = fmt.Sprint(p)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(h.Key), h.Mode, cell(h.Owner), h.LeaseID, token, queue, expiresIn(h.Expiry.Sub(now)))
-		}
-		if err := tw.Flush(); err != nil {
+		if err := holdersTable(out.stdout, holders, now, pos); err != nil {
 			return err
 		}
 		if len(holders) == 0 {
@@ -338,6 +320,40 @@ func setupStatus(fs *flag.FlagSet, out *output) func(context.Context, []string) 
 		}
 		return nil
 	}
+}
+
+// newHolderJSON is h as `sqlease status --json` prints it, at the
+// database time now, with its place pos in its key's FIFO queue (0: none).
+func newHolderJSON(h lock.Holder, now time.Time, pos int) holderJSON {
+	in := h.Expiry.Sub(now)
+	return holderJSON{
+		Key: h.Key, Mode: h.Mode.String(), Owner: h.Owner, LeaseID: h.LeaseID, Token: h.Token,
+		ExpiresAt:   h.Expiry.UTC().Format(time.RFC3339Nano),
+		ExpiresInMS: in.Milliseconds(), Expired: in <= 0,
+		PendingWriter: h.Mode == lock.PendingWriter,
+		QueuePosition: pos,
+	}
+}
+
+// holdersTable writes the table of `sqlease status`: holders at the
+// database time now, with their places in FIFO queues by index (pos, nil
+// for none).
+func holdersTable(w io.Writer, holders []lock.Holder, now time.Time, pos map[int]int) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tMODE\tOWNER\tLEASE ID\tTOKEN\tQUEUE\tEXPIRES IN")
+	for i, h := range holders {
+		token, queue := fmt.Sprint(h.Token), "-"
+		if h.Mode == lock.PendingWriter || h.Mode == lock.Queued {
+			// Neither holds a lease: no fencing token. A ticket's
+			// Token only orders the queue; its place is QUEUE.
+			token = "-"
+		}
+		if p := pos[i]; p > 0 {
+			queue = fmt.Sprint(p)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(h.Key), h.Mode, cell(h.Owner), h.LeaseID, token, queue, expiresIn(h.Expiry.Sub(now)))
+	}
+	return tw.Flush()
 }
 
 // cell returns s as is when it prints plainly in a table cell, else

@@ -27,7 +27,7 @@ func TestContractListsEveryCase(t *testing.T) {
 			t.Errorf("case %s (rule %s) is not listed in docs/contract.md", c.Name, c.Rule)
 		}
 	}
-	for _, m := range regexp.MustCompile("`([SHWFDI][0-9]_[A-Za-z0-9]+)`").FindAllStringSubmatch(doc, -1) {
+	for _, m := range regexp.MustCompile("`([SHWFDI][0-9]+_[A-Za-z0-9]+)`").FindAllStringSubmatch(doc, -1) {
 		if !known[m[1]] {
 			t.Errorf("docs/contract.md lists %s, which is not a case of the suite", m[1])
 		}

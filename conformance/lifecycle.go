@@ -853,7 +853,9 @@ func h5ReleaseAfterTakeover(e *Env) {
 	if err := la.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		e.T.Errorf("release of a lease taken over = %v, want ErrNotHeld", err)
 	}
-	_ = la.Release(ctx)
+	if err := la.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		e.T.Errorf("second release of a lease taken over = %v, want ErrNotHeld again (idempotent)", err)
+	}
 	hs := lcHolders(e, a, "k")
 	if len(hs) != 1 || hs[0].LeaseID != lb.LeaseID() || hs[0].Token != lb.Token() {
 		e.T.Fatalf("stale release touched the successor: want only token %d, got %v", lb.Token(), hs)

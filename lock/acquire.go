@@ -24,7 +24,10 @@ type acquireConfig struct {
 	wait    time.Duration
 	waitSet bool
 	fifo    bool
-	bad     error // the first nil option (rule I1)
+	// HoldAtLeast and HoldAtMost (SPEC H10).
+	minHold, maxLife       time.Duration
+	minHoldSet, maxLifeSet bool
+	bad                    error // the first nil option (rule I1)
 	// callerCancels: the caller's context can end (Done is not nil);
 	// set by acquire before it adds Close's cancellation.
 	callerCancels bool
@@ -92,8 +95,8 @@ func FIFO() AcquireOption {
 // mode is Exclusive; SPEC W4), ErrClosed, the context's
 // error (nothing is left held, SPEC H6), or the database's error.
 //
-// Options: FIFO (never jump the key's FIFO queue, SPEC W6); WaitTimeout is
-// ignored.
+// Options: FIFO (never jump the key's FIFO queue, SPEC W6); HoldAtLeast
+// and HoldAtMost (exclusive only, SPEC H10); WaitTimeout is ignored.
 func (l *Locker) TryAcquire(ctx context.Context, key string, mode Mode, opts ...AcquireOption) (*Lease, error) {
 	var ac acquireConfig
 	ac.apply(opts)
@@ -147,12 +150,19 @@ func (l *Locker) Acquire(ctx context.Context, key string, mode Mode, opts ...Acq
 //
 // It returns fn's error; if the lease was lost before fn returned
 // (including a trusted window that had ended by then), an error matching
-// ErrLeaseLost joined with fn's error. Without WaitTimeout or a deadline
-// on ctx the acquire waits as long as the key is held; when the wait
-// times out, the error matches ErrLocked. A renewal that fails after
-// fn returned changes nothing (SPEC H4). A release that fails is logged and
-// joined to the result (SPEC H5). Acquire errors are returned as from
-// Acquire.
+// ErrLeaseLost joined with fn's error on one line ("; " between them), or
+// fn's error alone when it already wraps the loss (as context.Cause(ctx)
+// does). Without WaitTimeout or a deadline on ctx the acquire waits as
+// long as the key is held; when the wait times out, the error matches
+// ErrLocked. A renewal that fails after fn returned changes nothing (SPEC
+// H4). A release that fails is logged and joined to the result (SPEC H5).
+// Acquire errors are returned as from Acquire.
+//
+// For a scheduled job run by every replica (SPEC H10): HoldAtLeast(d) keeps
+// the key taken until d after the grant when fn returns sooner, so
+// replicas whose ticks differ by less than d run it once; HoldAtMost(d)
+// ends fn's context (cause ErrLeaseLost, reason LossMaxLife) d after the
+// grant, and Do then returns an error matching ErrLeaseLost.
 func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx context.Context, lease *Lease) error, opts ...AcquireOption) (err error) {
 	if fn == nil {
 		return inputErr("function", "nil", "Do needs a function to run")
@@ -174,11 +184,11 @@ func (l *Locker) Do(ctx context.Context, key string, mode Mode, fn func(ctx cont
 			return // panicking: released; the panic goes on
 		}
 		if lost != nil {
-			err = errors.Join(lost, err)
+			err = join(lost, err)
 			return
 		}
 		if relErr != nil && !errors.Is(relErr, ErrNotHeld) {
-			err = errors.Join(err, relErr)
+			err = join(err, relErr)
 		}
 	}()
 	err = fn(fctx, lease)
@@ -243,6 +253,9 @@ func (l *Locker) checkAcquire(ctx context.Context, key string, mode Mode, ac acq
 	if ac.waitSet && ac.wait < 0 {
 		return inputErr("wait timeout", ac.wait.String(), "zero (try once) or a positive duration")
 	}
+	if err := checkHold(mode, ac); err != nil {
+		return err
+	}
 	if ac.fifo && len(l.st.acquireFIFO) == 0 {
 		return fmt.Errorf("lock: acquire %s %q: FIFO: dialect %q: %w", mode, key, l.d.Name(), errors.ErrUnsupported)
 	}
@@ -284,7 +297,7 @@ func (l *Locker) unlessClosed(ctx context.Context, lease *Lease) (*Lease, error)
 	}
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 	defer rcancel()
-	if rerr := lease.Release(rctx); rerr != nil && !errors.Is(rerr, ErrNotHeld) {
+	if rerr := lease.release(rctx, false); rerr != nil && !errors.Is(rerr, ErrNotHeld) {
 		l.cfg.logger.Warn("sqlease: release of a lease granted during Close failed; it ends by expiry", "key", lease.key, "lease_id", lease.LeaseID(), "err", rerr)
 	}
 	return nil, fmt.Errorf("lock: acquire %s %q: %w", lease.mode, lease.key, ErrClosed)

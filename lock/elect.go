@@ -16,7 +16,18 @@ type leadConfig struct {
 	stopped   func(err error)
 	newLeader func(leader Holder)
 	observe   time.Duration
+	acquire   []AcquireOption
 	zero      error
+}
+
+// LeadAcquireOptions passes opts to every acquire Lead campaigns with, after
+// its own: HoldAtMost(d) makes a leader step down (lost, LossMaxLife) at
+// most d after each grant and campaign again; HoldAtLeast(d) keeps the key
+// taken until d after the grant when fn returns earlier (SPEC H10); FIFO
+// queues campaigners in arrival order (SPEC W6). Lead returns an invalid
+// option's *InputError (ErrInvalidInput) at its first campaign.
+func LeadAcquireOptions(opts ...AcquireOption) LeadOption {
+	return func(c *leadConfig) { c.acquire = append(c.acquire, opts...) }
 }
 
 // OnStartedLeading calls f with the leader's lease each time this Lead call
@@ -145,6 +156,7 @@ func (l *Locker) Lead(ctx context.Context, key string, fn func(ctx context.Conte
 		if c.newLeader != nil {
 			acOpts = append(acOpts, WaitTimeout(c.observe))
 		}
+		acOpts = append(acOpts, c.acquire...)
 		ran := false
 		err := l.Do(ctx, key, Exclusive, func(fctx context.Context, lease *Lease) error {
 			// One fn at a time per key in this process: wait, holding the

@@ -135,6 +135,9 @@ const (
 	// LossOrphaned: Orphan stopped renewing the lease on purpose; it ends
 	// by expiry in the database.
 	LossOrphaned LossReason = "orphaned: renewal stopped by Orphan, the lease ends by expiry"
+	// LossMaxLife: the lease reached the maximum life HoldAtMost gave it
+	// (SPEC H10); its row expires at grant + that life.
+	LossMaxLife LossReason = "maximum life (HoldAtMost) reached"
 )
 
 // LeaseLostError says which lease was lost and why (SPEC H3). It matches
@@ -195,3 +198,53 @@ func (e *SchemaError) Error() string {
 
 // Is matches ErrSchemaNotMigrated.
 func (e *SchemaError) Is(target error) bool { return target == ErrSchemaNotMigrated }
+
+// joinedError is errors.Join on one line: its message is its parts'
+// messages separated by "; ", and errors.Is and errors.As see every part.
+type joinedError []error
+
+func (e joinedError) Error() string {
+	var b strings.Builder
+	for i, err := range e {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (e joinedError) Unwrap() []error { return e }
+
+// join is errors.Join on one line (joinedError), without repeats: nil
+// errors are dropped, an error that an error kept before already matches
+// (errors.Is: the loss Do reports and the same loss returned by the
+// function as context.Cause) is dropped, and an error that matches one
+// kept before takes its place (it wraps it, with more context). One error
+// left is returned as it is.
+func join(errs ...error) error {
+	var kept joinedError
+next:
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		for i, k := range kept {
+			switch {
+			case errors.Is(k, err):
+				continue next
+			case errors.Is(err, k):
+				kept[i] = err
+				continue next
+			}
+		}
+		kept = append(kept, err)
+	}
+	switch len(kept) {
+	case 0:
+		return nil
+	case 1:
+		return kept[0]
+	}
+	return kept
+}

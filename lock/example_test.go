@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3"
+	_ "modernc.org/sqlite" // database/sql driver "sqlite", pure Go: the examples run with CGO_ENABLED=0
 
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 	"github.com/sqlease/sqlease/lock"
@@ -23,7 +23,7 @@ func openExampleDB() (*sql.DB, func()) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	db, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -137,12 +137,13 @@ func ExampleLease_RunInTx() {
 	fmt.Println("fenced write:", err)
 	_ = lease.Release(ctx)
 
-	// After release the same handle can no longer write.
+	// After release the same handle can no longer write. Writing with a
+	// released lease is the caller's mistake, not a loss: ErrNotHeld.
 	err = lease.RunInTx(ctx, db, nil, func(ctx context.Context, tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `UPDATE balances SET amount = 0 WHERE id = 1`)
 		return err
 	})
-	fmt.Println("stale write rejected:", errors.Is(err, lock.ErrLeaseLost))
+	fmt.Println("stale write rejected:", errors.Is(err, lock.ErrNotHeld))
 	var amount int
 	db.QueryRow(`SELECT amount FROM balances WHERE id = 1`).Scan(&amount)
 	fmt.Println("amount:", amount)

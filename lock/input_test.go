@@ -33,6 +33,18 @@ func setupSQLite(t *testing.T) *sql.DB {
 	return db
 }
 
+// sqliteLocker returns a Locker on a fresh SQLite database (setupSQLite),
+// closed at cleanup.
+func sqliteLocker(t *testing.T, opts ...lock.Option) *lock.Locker {
+	t.Helper()
+	l, err := lock.New(t.Context(), setupSQLite(t), nil, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close(context.Background()) })
+	return l
+}
+
 // checkInputError asserts err is the one input error of every package: an
 // *InputError (lock's and dialect's are one type) matching ErrInvalidInput
 // through both packages' names, with a message that starts with pkg once

@@ -21,9 +21,10 @@ const (
 	stateReleased             // released (or a release was attempted)
 )
 
-// Lease is one grant of a key. It renews itself every TTL/3 in the
-// background until Release or loss (SPEC H2). Its methods are safe for
-// concurrent use.
+// Lease is one grant of a key. It renews itself in the background until
+// Release or loss, TTL/3 after the last successful acquire or renew was
+// sent, or up to TTL/12 earlier to share a batch with other leases (SPEC
+// H2). Its methods are safe for concurrent use.
 type Lease struct {
 	l    *Locker
 	key  string
@@ -33,6 +34,7 @@ type Lease struct {
 	activeID string
 	owner    string
 	token    int64
+	hold     holds // HoldAtLeast, HoldAtMost (SPEC H10)
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -41,7 +43,8 @@ type Lease struct {
 
 	mu           sync.Mutex
 	state        leaseState
-	released     bool // a release deleted the row or found it gone
+	released     bool  // a release deleted the row or found it gone
+	releaseErr   error // what Release returns again once released: nil, or ErrNotHeld when it found the row gone
 	expiry       time.Time
 	grantedAt    time.Time // database time of the grant
 	lostAt       time.Time // local time the loss was detected
@@ -57,10 +60,10 @@ type Lease struct {
 	heapIndex int
 }
 
-func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Time, activeID string) *Lease {
+func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Time, activeID string, hold holds) *Lease {
 	le := &Lease{
-		l: l, key: key, mode: mode, id: res.lease.LeaseID, activeID: activeID, owner: res.lease.Owner, token: res.lease.Token,
-		expiry: res.lease.Expiry, grantedAt: res.grantedAt, lastSend: send, trustedUntil: send.Add(l.cfg.ttl - l.cfg.margin),
+		l: l, key: key, mode: mode, id: res.lease.LeaseID, activeID: activeID, owner: res.lease.Owner, token: res.lease.Token, hold: hold,
+		expiry: res.lease.Expiry, grantedAt: res.grantedAt, lastSend: send, trustedUntil: hold.clamp(send.Add(l.cfg.ttl - l.cfg.margin)),
 	}
 	le.ctx, le.cancel = context.WithCancelCause(context.WithValue(context.Background(), leaseKey{}, le))
 	// checkWindow takes le.mu first, so it cannot see le.watchdog unset.
@@ -75,7 +78,7 @@ func (l *Locker) newLease(key string, mode Mode, res acquireResult, send time.Ti
 		}
 	}
 	l.mu.Unlock()
-	l.schedule(le, send.Add(l.cfg.ttl/3))
+	l.schedule(le, hold.nextRenewal(l.cfg.ttl, send))
 	return le
 }
 
@@ -164,6 +167,12 @@ func (le *Lease) Err() error {
 	return context.Cause(le.ctx)
 }
 
+// lostTo reports whether the lease was lost for reason.
+func (le *Lease) lostTo(reason LossReason) bool {
+	var lost *LeaseLostError
+	return errors.As(context.Cause(le.ctx), &lost) && lost.Reason == reason
+}
+
 func (le *Lease) lostErr(reason LossReason, err error) *LeaseLostError {
 	return &LeaseLostError{Key: le.key, LeaseID: le.id, Token: le.token, Reason: reason, Err: err}
 }
@@ -181,7 +190,7 @@ func (le *Lease) lose(reason LossReason, err error) error {
 	}
 	le.state = stateLost
 	le.lostAt = time.Now()
-	if (reason == LossWindowExhausted || reason == LossOrphaned) && le.trustedUntil.Before(le.lostAt) {
+	if (reason == LossWindowExhausted || reason == LossOrphaned || reason == LossMaxLife) && le.trustedUntil.Before(le.lostAt) {
 		// The window ended at trustedUntil, whenever its end is noticed
 		// (a late timer): a function that returned after that returned
 		// without its lease (SPEC H4).
@@ -211,11 +220,14 @@ func (le *Lease) checkWindow() {
 		le.watchdog.Reset(d)
 		return
 	}
-	if orphaned {
+	switch {
+	case le.hold.maxLife > 0 && !until.Before(le.hold.lifeEnd):
+		le.lose(LossMaxLife, nil)
+	case orphaned:
 		le.lose(LossOrphaned, nil)
-		return
+	default:
+		le.lose(LossWindowExhausted, nil)
 	}
-	le.lose(LossWindowExhausted, nil)
 }
 
 func (le *Lease) stopRenewal() { le.l.unschedule(le) }
@@ -278,9 +290,13 @@ func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
 	}
 	defer leave()
 	send := time.Now()
+	ttl, final := le.hold.renewTTL(l.cfg.ttl, send)
+	if ttl <= 0 {
+		return nil // at its end of life (SPEC H10): the watchdog ends it
+	}
 	var exp, now int64
 	err = queryOne(rctx, db, l.st.renew.SQL, l.st.renew.Args(map[string]any{
-		"lease_id": le.id, "token": le.token, "ttl_us": l.cfg.ttl.Microseconds(),
+		"lease_id": le.id, "token": le.token, "ttl_us": ttl.Microseconds(),
 	}), &exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return errRenewNotFound
@@ -288,19 +304,24 @@ func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return err
 	}
-	le.renewed(send, exp)
+	le.renewed(send, exp, final)
 	return nil
 }
 
 // renewed records a successful renewal sent at send: it moves the trusted
-// window (SPEC H1) and the database expiry.
-func (le *Lease) renewed(send time.Time, expUS int64) {
+// window (SPEC H1) and the database expiry. A final renewal (HoldAtMost,
+// SPEC H10) took the row to the end of life: the window ends there, and no
+// renewal follows.
+func (le *Lease) renewed(send time.Time, expUS int64, final bool) {
 	l := le.l
 	le.mu.Lock()
 	if le.state == stateHeld || le.state == stateFinishing {
 		if send.After(le.lastSend) {
 			le.lastSend = send
-			le.trustedUntil = send.Add(l.cfg.ttl - l.cfg.margin)
+			le.trustedUntil = le.hold.clamp(send.Add(l.cfg.ttl - l.cfg.margin))
+			if final {
+				le.trustedUntil = le.hold.lifeEnd
+			}
 			le.expiry = time.UnixMicro(expUS)
 		}
 		if le.state == stateHeld {
@@ -356,12 +377,14 @@ func (le *Lease) Renew(ctx context.Context) error {
 // with cause ErrReleased, unless it was lost before or the release found
 // the lease gone (cause: a *LeaseLostError).
 //
-// It returns nil when the lease was deleted, or on any call after a
-// release succeeded (Release is idempotent). It returns an error matching
+// It returns nil when the lease was deleted. It returns an error matching
 // ErrNotHeld when the database no longer had the lease (it had expired and
-// was taken over or swept); the lease is then lost too (Err, Context). A
-// release that still fails at its deadline is logged at WARN and returned;
-// the row then ends by expiry, and calling Release again retries.
+// was taken over or swept, or it was lost); the lease is then lost too
+// (Err, Context). Release is idempotent: once a release reached the
+// database, every later call returns what that one returned (nil, or the
+// ErrNotHeld error). A release that still fails at its deadline is logged
+// at WARN and returned; the row then ends by expiry, and calling Release
+// again retries.
 //
 // A dialect may commit the release without waiting for the disk (the
 // PostgreSQL dialect does: synchronous_commit off for the release's own
@@ -369,11 +392,25 @@ func (le *Lease) Renew(ctx context.Context) error {
 // then bring the row back: the lease ends by expiry, as after a failed
 // release (SPEC H5), at most one TTL later, and is never granted to two
 // holders, since grants commit durably.
+//
+// With HoldAtLeast, a release before grant + minimum (database time) sets
+// the row's expiry to grant + minimum instead of deleting it (SPEC H10);
+// the Lease counts as released all the same. A lease lost before its
+// release keeps no hold, unless it was lost to its maximum life
+// (HoldAtMost, LossMaxLife) with its row still live.
 func (le *Lease) Release(ctx context.Context) error {
+	return le.release(ctx, true)
+}
+
+// release is Release; keepHold false deletes the row even before the
+// minimum hold (an acquire that returns ErrClosed: the caller never had
+// the lease).
+func (le *Lease) release(ctx context.Context, keepHold bool) error {
 	le.mu.Lock()
 	if le.released {
+		err := le.releaseErr
 		le.mu.Unlock()
-		return nil
+		return err
 	}
 	wasLost := le.state == stateLost
 	le.state = stateReleased
@@ -391,9 +428,15 @@ func (le *Lease) Release(ctx context.Context) error {
 	start := time.Now()
 	unsure := false // an earlier attempt may have deleted the row
 	var n int64
-	err := l.retryTransient(rctx, 0, func(ctx context.Context) error {
+	keep := keepHold && (!wasLost || le.lostTo(LossMaxLife)) && le.holdLeft(start) > 0
+	deleted := !keep
+	err := l.retryTransient(rctx, untilCtx, func(ctx context.Context) error {
 		var err error
-		n, err = l.releaseRows(ctx, le.id, le.token)
+		if keep {
+			n, deleted, err = le.keep(ctx)
+		} else {
+			n, err = l.releaseRows(ctx, le.id, le.token)
+		}
 		if err != nil && l.uncertain(err) {
 			unsure = true
 		}
@@ -407,21 +450,26 @@ func (le *Lease) Release(ctx context.Context) error {
 		l.cfg.logger.Warn("sqlease: release failed; the lease ends by expiry", "key", le.key, "lease_id", le.id, "token", le.token, "err", err)
 		return fmt.Errorf("lock: release %q token %d: %w", le.key, le.token, err)
 	}
-	le.mu.Lock()
-	le.released = true
-	le.mu.Unlock()
 	if n == 0 && !unsure {
 		err := fmt.Errorf("lock: release %q token %d: the lease had already ended (expired and taken over or swept): %w", le.key, le.token, ErrNotHeld)
+		le.mu.Lock()
+		le.released, le.releaseErr = true, err
+		le.mu.Unlock()
 		if !wasLost {
 			le.cancel(le.lostErr(LossNotOurs, nil))
 		}
 		l.emit(Event{Kind: EventReleaseFailed, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start), Err: err})
 		return err
 	}
+	le.mu.Lock()
+	le.released = true
+	le.mu.Unlock()
 	if !wasLost {
 		le.cancel(ErrReleased)
 	}
-	hubWake(l.channel, le.key, "")
+	if deleted {
+		hubWake(l.channel, le.key, "")
+	}
 	l.emit(Event{Kind: EventReleaseOK, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Latency: time.Since(start)})
 	return nil
 }
@@ -452,8 +500,9 @@ func (le *Lease) Orphan() {
 //
 // Errors: a *LeaseLostError (ErrLeaseLost) when the lease is lost, locally
 // or in the database; tx must then not commit (RunInTx rolls it back; SPEC
-// F2). errors.ErrUnsupported when the dialect has no fence. Otherwise the
-// database's error.
+// F2). An error matching ErrNotHeld and ErrReleased after Release (not a
+// loss: the caller released the lease). errors.ErrUnsupported when the
+// dialect has no fence. Otherwise the database's error.
 func (le *Lease) Fence(ctx context.Context, tx *sql.Tx) error {
 	l := le.l
 	if tx == nil {
@@ -464,7 +513,8 @@ func (le *Lease) Fence(ctx context.Context, tx *sql.Tx) error {
 	}
 	if err := le.Err(); err != nil {
 		if errors.Is(err, ErrReleased) {
-			return le.lostErr(LossFenceFailed, ErrReleased)
+			// A programming error, not a loss (SPEC F1).
+			return fmt.Errorf("lock: fence %q token %d: %w (%w)", le.key, le.token, ErrNotHeld, ErrReleased)
 		}
 		return err
 	}
@@ -486,8 +536,10 @@ func (le *Lease) Fence(ctx context.Context, tx *sql.Tx) error {
 // lives in.
 //
 // Errors: a *LeaseLostError (ErrLeaseLost) when the fence failed or the
-// lease was lost before commit (nothing is committed); fn's error (rolled
-// back); or the database's error.
+// lease was lost before commit (nothing is committed); an error matching
+// ErrNotHeld and ErrReleased when the lease was released before the fence
+// (nothing is begun past it); fn's error (rolled back); or the database's
+// error.
 func (le *Lease) RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	if db == nil {
 		return inputErr("database", "nil", "RunInTx needs the *sql.DB the lease lives in")

@@ -167,7 +167,7 @@ type statements struct {
 	grant, mark                                                               stmt // fast paths
 	seePrimary                                                                stmt
 	beginWrite                                                                string
-	isolation                                                sql.IsolationLevel
+	isolation                                                                 sql.IsolationLevel
 	sweepReturnsCount                                                         bool
 }
 
@@ -438,7 +438,7 @@ func (l *Locker) Close(ctx context.Context) error {
 	}
 	// No renewal starts after Close returns (a run in progress ends).
 	l.stopRenewer(ctx)
-	return errors.Join(errs...)
+	return join(errs...)
 }
 
 func newID() string {

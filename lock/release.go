@@ -60,7 +60,7 @@ func (l *Locker) undo(ctx context.Context, key, leaseID string, grant, marker bo
 // (when *marker), retrying transient errors until ctx ends; it clears each
 // flag once done.
 func (l *Locker) undoOnce(ctx context.Context, key, leaseID string, grant, marker *bool) error {
-	return l.retryTransient(ctx, 0, func(ctx context.Context) error {
+	return l.retryTransient(ctx, untilCtx, func(ctx context.Context) error {
 		if *grant {
 			if _, err := l.releaseRows(ctx, leaseID, 0); err != nil {
 				return err
@@ -100,7 +100,7 @@ func (l *Locker) releaseRows(ctx context.Context, leaseID string, token int64) (
 func (l *Locker) dequeue(ctx context.Context, key, ticketID string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoGrace)
 	defer cancel()
-	err := l.retryTransient(rctx, 0, func(ctx context.Context) error {
+	err := l.retryTransient(rctx, untilCtx, func(ctx context.Context) error {
 		conn, done, err := l.writeConn(ctx, l.db, waitUntil(ctx))
 		if err != nil {
 			return err

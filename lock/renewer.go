@@ -182,7 +182,7 @@ func (l *Locker) stopRenewer(ctx context.Context) {
 func (l *Locker) renewBatch(due []*Lease) {
 	conn, leave, err := l.renewConn(due)
 	send := time.Now()
-	var renewed map[string]int64
+	var renewed map[string]renewal
 	if err == nil {
 		done := make(chan struct{})
 		l.rmu.Lock()
@@ -197,7 +197,7 @@ func (l *Locker) renewBatch(due []*Lease) {
 		due = live
 		send = time.Now()
 		if len(due) > 0 {
-			renewed, err = l.renewOn(conn, due)
+			renewed, err = l.renewOn(conn, due, send)
 		}
 		leave()
 		l.rmu.Lock()
@@ -209,12 +209,17 @@ func (l *Locker) renewBatch(due []*Lease) {
 	}
 	l.adaptBatch(len(due), err)
 	for _, le := range due {
-		exp, ok := renewed[le.id]
+		r, ok := renewed[le.id]
 		switch {
+		case r.skipped:
+			// At its end of life (SPEC H10): nothing to renew, no
+			// renewal follows; the watchdog ends the lease.
 		case ok:
-			le.renewed(send, exp)
+			le.renewed(send, r.exp, r.final)
 			le.retryWait = 0
-			l.requeue(le, send.Add(l.cfg.ttl/3))
+			if !r.final {
+				l.requeue(le, le.hold.nextRenewal(l.cfg.ttl, send))
+			}
 		case err == nil:
 			// The database answered and this lease was not among the
 			// renewed: gone, expired or not ours (SPEC S4).
@@ -315,33 +320,58 @@ func (l *Locker) renewConn(leases []*Lease) (*sql.Conn, func(), error) {
 	return l.writeConn(ctx, l.renewDB, lockWait{bound: rt, until: time.Now().Add(rt + lockWaitSlack)})
 }
 
-// renewOn renews leases through conn: one RenewBatch statement, or one
-// Renew per lease. It returns the new expiry of every lease renewed.
-func (l *Locker) renewOn(conn *sql.Conn, leases []*Lease) (map[string]int64, error) {
-	if l.st.renewBatch.ok {
-		return l.renewMany(conn, leases)
-	}
-	renewed := map[string]int64{}
+// renewal is the outcome of one lease's renewal in a batch.
+type renewal struct {
+	exp     int64 // the new expiry, database microseconds
+	final   bool  // it took the row to the lease's end of life (SPEC H10)
+	skipped bool  // nothing sent: the lease is at its end of life
+}
+
+// renewOn renews leases through conn: one RenewBatch statement (for the
+// leases renewed by the full TTL), or one Renew per lease. A lease near
+// the end of its life (HoldAtMost, SPEC H10) is renewed alone, to that
+// end. It returns the outcome of every lease renewed or skipped.
+func (l *Locker) renewOn(conn *sql.Conn, leases []*Lease, send time.Time) (map[string]renewal, error) {
+	renewed := map[string]renewal{}
+	var full []*Lease
 	var err error
 	for _, le := range leases {
-		exp, e := l.renewOne(conn, le)
+		ttl, final := le.hold.renewTTL(l.cfg.ttl, send)
+		switch {
+		case !final && l.st.renewBatch.ok:
+			full = append(full, le)
+			continue
+		case ttl <= 0:
+			renewed[le.id] = renewal{skipped: true}
+			continue
+		}
+		exp, e := l.renewOne(conn, le, ttl)
 		if e != nil && !errors.Is(e, errRenewNotFound) {
 			err = e
 			continue
 		}
 		if e == nil {
-			renewed[le.id] = exp
+			renewed[le.id] = renewal{exp: exp, final: final}
+		}
+	}
+	if len(full) > 0 {
+		batch, e := l.renewMany(conn, full)
+		if e != nil {
+			return renewed, e
+		}
+		for id, exp := range batch {
+			renewed[id] = renewal{exp: exp}
 		}
 	}
 	return renewed, err
 }
 
-func (l *Locker) renewOne(conn *sql.Conn, le *Lease) (int64, error) {
+func (l *Locker) renewOne(conn *sql.Conn, le *Lease, ttl time.Duration) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.renewTimeoutFor([]*Lease{le}))
 	defer cancel()
 	var exp, now int64
 	err := queryOne(ctx, conn, l.st.renew.SQL, l.st.renew.Args(map[string]any{
-		"lease_id": le.id, "token": le.token, "ttl_us": l.cfg.ttl.Microseconds(),
+		"lease_id": le.id, "token": le.token, "ttl_us": ttl.Microseconds(),
 	}), &exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, errRenewNotFound

@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"syscall"
 	"time"
@@ -35,13 +36,21 @@ func connFailed(err error) bool {
 		errors.As(err, &ne)
 }
 
+// untilCtx is the retryTransient budget of an operation retried until its
+// context, which has a deadline of its own, ends.
+const untilCtx = time.Duration(math.MaxInt64)
+
 // retryTransient runs op until it succeeds, fails with an error that is not
-// transient, ctx ends, or budget (when positive) has passed since the
-// first attempt; between attempts it sleeps with full-jitter backoff. It
-// returns op's last error (SPEC S6, H8).
+// transient, ctx ends, or budget has passed since the first attempt (never,
+// for untilCtx); a budget of 0 or less means one attempt (a lease whose
+// trusted window has ended gets no retries). Between attempts it sleeps
+// with full-jitter backoff. It returns op's last error (SPEC S6, H8).
 func (l *Locker) retryTransient(ctx context.Context, budget time.Duration, op func(ctx context.Context) error) error {
+	if budget <= 0 {
+		return op(ctx)
+	}
 	var until time.Time
-	if budget > 0 {
+	if budget != untilCtx {
 		until = time.Now().Add(budget)
 	}
 	for attempt := 0; ; attempt++ {

@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -69,4 +71,29 @@ func TestTransientAndUncertain(t *testing.T) {
 	if !pg.transient(closed) || !pg.uncertain(closed) {
 		t.Errorf("%v: transient %v, uncertain %v; want both", closed, pg.transient(closed), pg.uncertain(closed))
 	}
+}
+
+// TestRunFencedOnEndedLeaseTriesOnce: RunFenced retries a transient begin
+// failure only while the lease's trusted window lasts (SPEC S6). A lease
+// already lost has no window left: one attempt, not retries until the
+// caller's context ends.
+func TestRunFencedOnEndedLeaseTriesOnce(t *testing.T) {
+	l, db := sqliteLocker(t)
+	le, err := l.TryAcquire(t.Context(), "retry/ended", Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loseLease(t, db, le)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	begins := 0
+	start := time.Now()
+	err = RunFenced(ctx, le, func(context.Context) (*sql.Tx, *sql.Tx, error) {
+		begins++
+		return nil, nil, fmt.Errorf("dial: %w", driver.ErrBadConn) // transient
+	}, func(context.Context, *sql.Tx) error { return nil })
+	if took := time.Since(start); begins != 1 || took > time.Second || !errors.Is(err, driver.ErrBadConn) {
+		t.Errorf("RunFenced on a lost lease: %d begins in %s, err %v; want 1 begin at once and its error", begins, took, err)
+	}
+	le.Release(context.Background())
 }

@@ -27,6 +27,8 @@ type waiter struct {
 	cancels  bool // the caller's context can end (acquireBounds)
 	activeID string
 	leaseID  string
+	minHold  time.Duration // HoldAtLeast (SPEC H10); 0: none
+	maxLife  time.Duration // HoldAtMost (SPEC H10); 0: none
 
 	start    time.Time
 	deadline time.Time // the WaitTimeout's end; zero: none
@@ -79,6 +81,7 @@ func (l *Locker) newWaiter(ctx context.Context, key string, mode Mode, activeID 
 	if ac.fifo {
 		w.tk = &ticketArgs{id: activeID}
 	}
+	w.minHold, w.maxLife = ac.minHold, ac.maxLife
 	if wait {
 		if l.d.Capabilities().Has(dialect.CapNotify) {
 			w.watchUS = watchTTL.Microseconds()
@@ -275,6 +278,7 @@ func (w *waiter) retry(err error) error {
 // once when the grant was slow (SPEC H1), and passes the wake-up on.
 func (w *waiter) granted() *Lease {
 	l := w.l
+	hold := l.newHolds(w.minHold, w.maxLife, w.send)
 	if time.Since(w.send) > (l.cfg.ttl-l.cfg.margin)/3 {
 		// The grant took long (it waited for locks): its trusted window,
 		// counted from the send, is mostly spent. Best effort: on failure
@@ -292,7 +296,7 @@ func (w *waiter) granted() *Lease {
 		w.stop()
 		hubWake(l.channel, w.key, "")
 	}
-	return l.newLease(w.key, w.mode, w.res, w.send, w.activeID)
+	return l.newLease(w.key, w.mode, w.res, w.send, w.activeID, hold)
 }
 
 // blocked handles a refused attempt: it records the blockers, refuses a

@@ -7,8 +7,8 @@ import (
 	"os"
 	"path/filepath"
 
-	_ "github.com/mattn/go-sqlite3" // database/sql driver "sqlite3"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	_ "modernc.org/sqlite" // database/sql driver "sqlite", pure Go: the example runs with CGO_ENABLED=0
 
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 	"github.com/sqlease/sqlease/lock"
@@ -35,7 +35,7 @@ func ExampleNew() {
 
 	dir, _ := os.MkdirTemp("", "otellock-example")
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
 	if err != nil {
 		panic(err)
 	}

@@ -35,8 +35,9 @@
 //	                     expired and was taken over or swept, or was deleted),
 //	                     "window_exhausted" (renewals kept failing until the
 //	                     trusted window ended), "fence_failed" (a fence found the
-//	                     lease no longer live); "other" for a reason this package
-//	                     does not know
+//	                     lease no longer live), "orphaned" (Lease.Orphan),
+//	                     "max_life" (lock.HoldAtMost reached); "other" for a
+//	                     reason this package does not know
 //
 // Attributes given with WithAttributes are added to every data point.
 //
@@ -95,7 +96,7 @@ const (
 	AttrDialect    = attribute.Key("sqlease.dialect")     // dialect name
 	AttrMode       = attribute.Key("sqlease.mode")        // exclusive, shared
 	AttrOutcome    = attribute.Key("sqlease.outcome")     // granted, denied, ok, retry, failed
-	AttrLossReason = attribute.Key("sqlease.loss_reason") // not_ours, window_exhausted, fence_failed, orphaned, other
+	AttrLossReason = attribute.Key("sqlease.loss_reason") // not_ours, window_exhausted, fence_failed, orphaned, max_life, other
 )
 
 // DefaultDurationBuckets are the bucket boundaries, in seconds, of the
@@ -231,14 +232,15 @@ const (
 	reasonWindowExhausted
 	reasonFenceFailed
 	reasonOrphaned
+	reasonMaxLife
 	numReasons
 )
 
-var reasonNames = [numReasons]string{"other", "not_ours", "window_exhausted", "fence_failed", "orphaned"}
+var reasonNames = [numReasons]string{"other", "not_ours", "window_exhausted", "fence_failed", "orphaned", "max_life"}
 
 // ReasonName returns the short value of the sqlease.loss_reason attribute
-// for r: "not_ours", "window_exhausted", "fence_failed", "orphaned", or
-// "other".
+// for r: "not_ours", "window_exhausted", "fence_failed", "orphaned",
+// "max_life", or "other".
 func ReasonName(r lock.LossReason) string { return reasonNames[reasonIndex(r)] }
 
 func reasonIndex(r lock.LossReason) int {
@@ -251,6 +253,8 @@ func reasonIndex(r lock.LossReason) int {
 		return reasonFenceFailed
 	case lock.LossOrphaned:
 		return reasonOrphaned
+	case lock.LossMaxLife:
+		return reasonMaxLife
 	}
 	return reasonOther
 }

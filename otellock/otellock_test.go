@@ -289,6 +289,7 @@ func TestReasonName(t *testing.T) {
 		lock.LossNotOurs:         "not_ours",
 		lock.LossWindowExhausted: "window_exhausted",
 		lock.LossOrphaned:        "orphaned",
+		lock.LossMaxLife:         "max_life",
 		lock.LossFenceFailed:     "fence_failed",
 		"":                       "other",
 		"something else":         "other",

@@ -171,8 +171,9 @@ func Migrate(ctx context.Context, db *sqlx.DB, opts ...migrate.Option) ([]string
 // database the lease lives in.
 //
 // Errors: a *lock.LeaseLostError (lock.ErrLeaseLost) when the fence failed
-// or the lease was lost before commit (nothing is committed); fn's error
-// (rolled back); a *lock.InputError (lock.ErrInvalidInput) for a nil db,
+// or the lease was lost before commit (nothing is committed); an error
+// matching lock.ErrNotHeld when the lease was released before (nothing is
+// committed); fn's error (rolled back); a *lock.InputError (lock.ErrInvalidInput) for a nil db,
 // lease or fn; or the database's error.
 func RunInTx(ctx context.Context, db *sqlx.DB, lease *lock.Lease, opts *sql.TxOptions, fn func(ctx context.Context, tx *sqlx.Tx) error) error {
 	switch {

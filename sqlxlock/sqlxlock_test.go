@@ -465,8 +465,8 @@ func TestRunInTx(t *testing.T) {
 			err = sqlxlock.RunInTx(ctx, db, lease, nil, func(ctx context.Context, tx *sqlx.Tx) error {
 				return insert(ctx, tx, 6, lease.Token())
 			})
-			if !errors.Is(err, lock.ErrLeaseLost) {
-				t.Fatalf("want ErrLeaseLost after Release, got %v", err)
+			if !errors.Is(err, lock.ErrNotHeld) || errors.Is(err, lock.ErrLeaseLost) {
+				t.Fatalf("want ErrNotHeld (not ErrLeaseLost) after Release, got %v", err)
 			}
 			if n := count(t); n != before {
 				t.Errorf("rows %d -> %d: committed under a released lease", before, n)
