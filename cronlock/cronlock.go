@@ -74,7 +74,8 @@ func WithLogger(logger *slog.Logger) Option {
 // d later skips instead of running the job again, and lock.HoldAtMost(d),
 // which ends a job that overruns d (its context ends with
 // lock.ErrLeaseLost; SPEC H10). A lock.WaitTimeout among them is
-// overridden: SkipIfLocked never waits. LeaderOnly ignores them.
+// overridden: SkipIfLocked never waits. LeaderOnly passes them to each
+// campaign's acquire (see LeaderOnly).
 func WithAcquireOptions(opts ...lock.AcquireOption) Option {
 	return func(c *config) { c.acquire = append(c.acquire, opts...) }
 }

@@ -62,10 +62,12 @@ func ExampleSkipIfLocked() {
 	})
 
 	c := cron.New(cron.WithSeconds())
-	// One chain per job: the key names this job. Add
-	// cronlock.WithAcquireOptions(lock.HoldAtLeast(30*time.Second)) when the
-	// replicas' clocks may differ by more than the job takes to run.
-	job := cron.NewChain(cron.Recover(cron.DefaultLogger), cronlock.SkipIfLocked(locker, "reports/nightly")).Then(report)
+	// One chain per job: the key names this job. HoldAtLeast keeps the key
+	// taken for 500ms after the grant, so replicas whose ticks come up to
+	// that much later skip the tick even though the job took microseconds;
+	// HoldAtMost ends a run that hangs (its context ends, lost).
+	job := cron.NewChain(cron.Recover(cron.DefaultLogger), cronlock.SkipIfLocked(locker, "reports/nightly",
+		cronlock.WithAcquireOptions(lock.HoldAtLeast(500*time.Millisecond), lock.HoldAtMost(time.Minute)))).Then(report)
 	if _, err := c.AddJob("* * * * * *", job); err != nil { // every second; "0 0 2 * * *" for 02:00
 		panic(err)
 	}

@@ -1,5 +1,3 @@
-//go:build h10
-
 package cronlock_test
 
 import (
@@ -48,5 +46,41 @@ func TestHoldAtMostEndsOverrunningJob(t *testing.T) {
 			t.Fatalf("acquire after the overrun: %v", err)
 		}
 		_ = lease.Release(context.Background())
+	})
+}
+
+// TestLeaderOnlyHoldAtMost: with lock.HoldAtMost the leader steps down
+// when its lease reaches its maximum life (a running job's context ends
+// with lock.ErrLeaseLost) and campaigns again.
+func TestLeaderOnlyHoldAtMost(t *testing.T) {
+	t.Parallel()
+	schedtest.EachOf(t, []string{"sqlite"}, func(t *testing.T, b schedtest.Backend) {
+		leader := cronlock.LeaderOnly(b.Locker(t, "a"), "cron/leader", cronlock.WithLogger(schedtest.Logger(t)),
+			cronlock.WithAcquireOptions(lock.HoldAtMost(400*time.Millisecond)))
+		defer leader.Stop()
+		waitFor(t, 3*time.Second, "the replica to lead", leader.Leading)
+		var cause error
+		var first *lock.Lease
+		leader.Wrap(cronlock.Func(func(ctx context.Context, lease *lock.Lease) error {
+			first = lease
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+			cause = context.Cause(ctx)
+			return nil
+		})).Run()
+		if !errors.Is(cause, lock.ErrLeaseLost) {
+			t.Fatalf("leader job context ended with %v, want lock.ErrLeaseLost at the maximum life", cause)
+		}
+		var again *lock.Lease
+		rerun := leader.Wrap(cronlock.Func(func(ctx context.Context, lease *lock.Lease) error { again = lease; return nil }))
+		waitFor(t, 3*time.Second, "the replica to lead again and run the job", func() bool {
+			rerun.Run()
+			return again != nil
+		})
+		if again.Token() <= first.Token() {
+			t.Fatalf("after stepping down: lease %v, want a new lease with a greater token than %d", again, first.Token())
+		}
 	})
 }

@@ -25,11 +25,15 @@ type Leader struct {
 // While another replica leads, wrapped jobs are skipped (logged at DEBUG).
 // A Job runs with a context that carries the leader lease (lock.LeaseFrom)
 // and ends with cause lock.ErrLeaseLost when leadership is lost (SPEC H3).
-// Errors that end the campaign (bad key, ErrClosed, schema not migrated)
-// are logged at ERROR, and every later run is skipped.
+// Errors that end the campaign (bad key or acquire option, ErrClosed,
+// schema not migrated) are logged at ERROR, and every later run is
+// skipped. WithAcquireOptions applies to each campaign's acquire
+// (lock.LeadAcquireOptions): lock.HoldAtMost(d) makes the leader step
+// down at most d after it was elected, ending a running job's context
+// with lock.ErrLeaseLost, and campaign again (SPEC H10).
 func LeaderOnly(l *lock.Locker, key string, opts ...Option) *Leader {
 	c := newConfig(opts)
-	return &Leader{key: key, cfg: c, campaign: schedjob.StartCampaign(l, key, c.logger)}
+	return &Leader{key: key, cfg: c, campaign: schedjob.StartCampaign(l, key, c.logger, c.acquire...)}
 }
 
 // Leading reports whether this process leads now.

@@ -26,8 +26,12 @@ var _ gocron.Elector = (*Elector)(nil)
 // NewElector starts campaigning for key through l (lock.Locker.Lead) in
 // the background and returns the Elector; call Close when the scheduler
 // has shut down. A leader that crashes is replaced within about one TTL
-// plus one backoff step (SPEC W2). Errors: an error matching
-// lock.ErrInvalidInput for a nil l, a bad key or a nil option (SPEC I1).
+// plus one backoff step (SPEC W2). WithAcquireOptions applies to each
+// campaign's acquire (lock.LeadAcquireOptions): lock.HoldAtMost(d) makes
+// the leader step down at most d after it was elected and campaign again
+// (SPEC H10); a bad acquire option ends the campaign (IsLeader returns
+// its error). Errors: an error matching lock.ErrInvalidInput for a nil
+// l, a bad key or a nil option (SPEC I1).
 func NewElector(l *lock.Locker, key string, opts ...Option) (*Elector, error) {
 	if l == nil {
 		return nil, fmt.Errorf("gocronlock: NewElector: nil *lock.Locker: %w", lock.ErrInvalidInput)
@@ -39,7 +43,7 @@ func NewElector(l *lock.Locker, key string, opts ...Option) (*Elector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Elector{key: key, campaign: schedjob.StartCampaign(l, key, c.logger)}, nil
+	return &Elector{key: key, campaign: schedjob.StartCampaign(l, key, c.logger, c.acquire...)}, nil
 }
 
 // IsLeader returns nil while this process leads (its leader lease is held

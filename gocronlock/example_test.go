@@ -47,9 +47,12 @@ func ExampleLocker() {
 	defer db.Close()
 	defer locker.Close(ctx)
 
-	// Add gocronlock.WithAcquireOptions(lock.HoldAtLeast(30*time.Second))
-	// when the replicas' clocks may differ by more than a run takes.
-	gl, err := gocronlock.NewLocker(locker, gocronlock.WithKeyPrefix("jobs/"))
+	// HoldAtLeast keeps a job's key taken for 30s after the grant, so
+	// replicas whose ticks come up to that much later skip the run even
+	// when it took milliseconds; HoldAtMost ends a run that hangs (its
+	// context ends, lost).
+	gl, err := gocronlock.NewLocker(locker, gocronlock.WithKeyPrefix("jobs/"),
+		gocronlock.WithAcquireOptions(lock.HoldAtLeast(30*time.Second), lock.HoldAtMost(time.Hour)))
 	if err != nil {
 		panic(err)
 	}

@@ -60,7 +60,7 @@ func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = p
 // d later is refused instead of running the job again, and
 // lock.HoldAtMost(d), which ends a job that overruns d (SPEC H10).
 // A lock.WaitTimeout among them is overridden: Lock never waits. The
-// Elector ignores them.
+// Elector passes them to each campaign's acquire (see NewElector).
 func WithAcquireOptions(opts ...lock.AcquireOption) Option {
 	return func(c *config) { c.acquire = append(c.acquire, opts...) }
 }

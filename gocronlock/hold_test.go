@@ -1,5 +1,3 @@
-//go:build h10
-
 package gocronlock_test
 
 import (

@@ -23,10 +23,11 @@ type Campaign struct {
 	err   error // Lead's error once it stopped by itself
 }
 
-// StartCampaign campaigns for key through l until Stop. Lead's own errors
-// (bad key, ErrClosed, schema not migrated) end the campaign: they are
-// logged at error level and returned by Err, as is a nil l.
-func StartCampaign(l *lock.Locker, key string, logger *slog.Logger) *Campaign {
+// StartCampaign campaigns for key through l until Stop, each campaign's
+// acquire with acquire (lock.LeadAcquireOptions). Lead's own errors (bad
+// key or option, ErrClosed, schema not migrated) end the campaign: they
+// are logged at error level and returned by Err, as is a nil l.
+func StartCampaign(l *lock.Locker, key string, logger *slog.Logger, acquire ...lock.AcquireOption) *Campaign {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Campaign{cancel: cancel, done: make(chan struct{})}
 	if l == nil {
@@ -42,7 +43,7 @@ func StartCampaign(l *lock.Locker, key string, logger *slog.Logger) *Campaign {
 			defer c.set(nil)
 			<-ctx.Done()
 			return context.Cause(ctx)
-		})
+		}, lock.LeadAcquireOptions(acquire...))
 		if ctx.Err() == nil {
 			logger.Error("sqlease: leader campaign stopped", "key", key, "err", err)
 			c.mu.Lock()
