@@ -31,7 +31,8 @@
 //   - Get reads the live lease of the key and describes it as a record; it
 //     returns apierrors.NewNotFound when no lease is live, and client-go
 //     then calls Create at once, so a crashed leader is replaced within one
-//     TTL of its last renewal plus one RetryPeriod.
+//     TTL of its last renewal plus one retry of the follower (RetryPeriod,
+//     jittered by client-go up to 2.2 × RetryPeriod).
 //
 // client-go drives the renewals: the lease is not renewed in the
 // background (it is orphaned, lock.Lease.Orphan, as soon as it is
@@ -45,9 +46,9 @@
 // Build the Locker with lock.WithTTL equal to client-go's LeaseDuration,
 // the same on every candidate, and keep LeaseDuration > RenewDeadline +
 // RetryPeriod: a leader that cannot renew stops leading (its
-// OnStartedLeading context ends) RenewDeadline after its last successful
-// renewal at the latest, before its lease expires in the database and
-// another candidate can be granted it. Neither client-go nor a lease makes
+// OnStartedLeading context ends) at most RetryPeriod + RenewDeadline after
+// its last successful renewal, before its lease expires in the database
+// and another candidate can be granted it. Neither client-go nor a lease makes
 // that a guarantee across a paused process: guard writes with the lease's
 // fencing token (Lock.Lease; SPEC F1, F2).
 //

@@ -17,5 +17,5 @@ func TestMain(m *testing.M) {
 		os.Exit(runCandidate())
 	}
 	testnote.Skipped("sqlease/k8slock", testnote.PostgreSQL)
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"))
+	goleak.VerifyTestMain(m)
 }
