@@ -165,8 +165,8 @@ func TestCompareAndSwap(t *testing.T) {
 			t.Fatalf("a: Create after b's lease expired: %v", err)
 		}
 		err = bl.Update(ctx, rec("b"))
-		if !apierrors.IsConflict(err) || !errors.Is(err, k8slock.ErrConflict) {
-			t.Fatalf("b: Update after its lease expired: %v, want Conflict", err)
+		if !apierrors.IsConflict(err) || !errors.Is(err, k8slock.ErrConflict) || !errors.Is(err, lock.ErrLeaseLost) {
+			t.Fatalf("b: Update after its lease expired: %v, want Conflict matching lock.ErrLeaseLost", err)
 		}
 		if _, ok := bl.Lease(); ok {
 			t.Fatal("b: Lease still held after a conflict")
