@@ -140,9 +140,10 @@ func (l *Lock) RecordEvent(string) {}
 // SPEC F1, F2), and false when it holds none or the one it held is lost.
 //
 // Leadership may go on under a new lease: when the lease of a leader that
-// could not renew in time expired and nobody else took the key, client-go's
-// next Update acquires it again, with a new, greater token (SPEC S3), and
-// client-go does not stop leading. Call Lease for each fenced write rather
+// could not renew in time expired and nobody else took the key, its renewal
+// fails, client-go's next Get finds no live lease, and its Create acquires
+// the key again, with a new, greater token (SPEC S3), within the
+// RenewDeadline, so client-go does not stop leading. Call Lease for each fenced write rather
 // than keeping the first one: a write fenced with the old lease fails with
 // lock.ErrLeaseLost and commits nothing.
 func (l *Lock) Lease() (*lock.Lease, bool) {
