@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 # Every nested module, in the order they run. .ci/run names the same list.
-modules=(bunlock sqlxlock otellock cronlock gocronlock internal/adaptertest examples/thirdparty)
+modules=(bunlock sqlxlock otellock cronlock gocronlock k8slock internal/adaptertest examples/thirdparty)
 
 # CI narrows the run (it runs the chaos suite and examples/thirdparty in
 # steps of their own): SQLEASE_TEST_PACKAGES replaces the root's ./...,
