@@ -24,7 +24,10 @@ type acquireConfig struct {
 	wait    time.Duration
 	waitSet bool
 	fifo    bool
+	limit   int   // Limit's n (SPEC W7); valid when limitSet
 	bad     error // the first nil option (rule I1)
+	// limitSet: Limit was given.
+	limitSet bool
 	// callerCancels: the caller's context can end (Done is not nil);
 	// set by acquire before it adds Close's cancellation.
 	callerCancels bool
@@ -226,7 +229,8 @@ func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, 
 }
 
 // checkAcquire returns the error of an acquire refused before it starts:
-// bad input (SPEC I1), FIFO without dialect support, or an ended context.
+// bad input (SPEC I1), FIFO or Limit without dialect support, or an ended
+// context.
 func (l *Locker) checkAcquire(ctx context.Context, key string, mode Mode, ac acquireConfig) error {
 	if ctx == nil {
 		return inputErr("context", "nil", "pass a non-nil context")
@@ -245,6 +249,9 @@ func (l *Locker) checkAcquire(ctx context.Context, key string, mode Mode, ac acq
 	}
 	if ac.fifo && len(l.st.acquireFIFO) == 0 {
 		return fmt.Errorf("lock: acquire %s %q: FIFO: dialect %q: %w", mode, key, l.d.Name(), errors.ErrUnsupported)
+	}
+	if err := l.checkLimit(key, mode, ac); err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("lock: acquire %s %q: %w", mode, key, context.Cause(ctx))
