@@ -14,8 +14,8 @@ import (
 
 // limitParam is the statement parameter that carries Limit's n (0: no
 // limit). A dialect supports Limit when its Acquire script (and, for FIFO
-// acquires, its AcquireFIFO script) references it.
-const limitParam = "shared_limit"
+// acquires, its AcquireFIFO script) binds it.
+const limitParam = dialect.ParamSharedLimit
 
 // Limit makes a shared acquire a semaphore acquire (SPEC W7): it is
 // granted only while fewer than n live shared leases of the key exist, in
