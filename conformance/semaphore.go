@@ -54,17 +54,7 @@ func w7Lockers(e *Env, n int, prefix string, opts ...lock.Option) []*lock.Locker
 
 // w7Live returns the live shared leases of key, as the database sees them.
 func w7Live(e *Env, l *lock.Locker, key string) ([]lock.Holder, error) {
-	hs, now, err := l.Holders(e.Ctx(), key)
-	if err != nil {
-		return nil, err
-	}
-	var out []lock.Holder
-	for _, h := range hs {
-		if h.Key == key && h.Mode == lock.Shared && h.Expiry.After(now) {
-			out = append(out, h)
-		}
-	}
-	return out, nil
+	return liveOf(e.Ctx(), l, key, lock.Shared)
 }
 
 // w7AdmitsAtMostN: with Limit(3), three TryAcquires of separate Lockers are

@@ -222,13 +222,7 @@ func TestUpgradeToVersion9TokensFollowClock(t *testing.T) {
 
 	// A service role with the documented privileges of version 8.
 	role := ns.Schema + " Svc-Role"
-	if _, err := db.ExecContext(ctx, "CREATE ROLE "+d.QuoteIdent(role)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		db.ExecContext(context.Background(), "DROP OWNED BY "+d.QuoteIdent(role))
-		db.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+d.QuoteIdent(role))
-	})
+	createRole(t, db, d, role)
 	r := d.QuoteIdent(role)
 	for _, q := range []string{
 		"GRANT USAGE ON SCHEMA " + d.QuoteIdent(ns.Schema) + " TO " + r,

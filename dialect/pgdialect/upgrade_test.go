@@ -599,13 +599,7 @@ func TestUpgradeToVersion11KeepsCallsAndGrants(t *testing.T) {
 	ctx := context.Background()
 	db, d, ns, p := schemaAt(t, "sqlease_up11_", 10)
 	role := ns.Schema + " Svc-Role"
-	if _, err := db.ExecContext(ctx, "CREATE ROLE "+d.QuoteIdent(role)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		db.ExecContext(context.Background(), "DROP OWNED BY "+d.QuoteIdent(role))
-		db.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+d.QuoteIdent(role))
-	})
+	createRole(t, db, d, role)
 	acq, fifo := ns.Object(d, "acquire"), ns.Object(d, "acquire_fifo")
 	old := []string{acq + "(text, text, text, text, bigint, bigint, bigint)", fifo + "(text, text, text, text, bigint, bigint, bigint, text, bigint)"}
 	now := []string{acq + "(text, text, text, text, bigint, bigint, bigint, bigint)", fifo + "(text, text, text, text, bigint, bigint, bigint, text, bigint, bigint)"}
@@ -673,4 +667,16 @@ func TestUpgradeToVersion11KeepsCallsAndGrants(t *testing.T) {
 	if _, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil {
 		t.Fatalf("up again: %v", err)
 	}
+}
+
+// createRole creates the role name, dropped (with what it owns) at cleanup.
+func createRole(t *testing.T, db *sql.DB, d pgdialect.Dialect, name string) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), "CREATE ROLE "+d.QuoteIdent(name)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.ExecContext(context.Background(), "DROP OWNED BY "+d.QuoteIdent(name))
+		db.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+d.QuoteIdent(name))
+	})
 }
