@@ -33,6 +33,10 @@ const limitParam = dialect.ParamSharedLimit
 // granted only when no ticket of the key is ahead of its own, so waiters
 // are admitted strictly in arrival order.
 //
+// Like a counting semaphore, a goroutine that holds a slot and acquires
+// another may wait for itself while the slots are full (the Locker cannot
+// tell nesting from concurrency, SPEC W5).
+//
 // Every request is checked against its own n: a shared acquire without
 // Limit is never refused for the count, and acquires of one key that pass
 // different limits each count all shared leases of the key against their
