@@ -95,7 +95,8 @@ func FIFO() AcquireOption {
 // mode is Exclusive; SPEC W4), ErrClosed, the context's
 // error (nothing is left held, SPEC H6), or the database's error.
 //
-// Options: FIFO (never jump the key's FIFO queue, SPEC W6); WaitTimeout is
+// Options: FIFO (never jump the key's FIFO queue, SPEC W6), Limit (a
+// semaphore of at most n shared holders, SPEC W7); WaitTimeout is
 // ignored.
 func (l *Locker) TryAcquire(ctx context.Context, key string, mode Mode, opts ...AcquireOption) (*Lease, error) {
 	var ac acquireConfig
