@@ -2,7 +2,7 @@ package lock
 
 // Acquiring: TryAcquire, Acquire, Do, and the statements of one attempt;
 // the waiting protocol (backoff, markers, FIFO tickets, wake-ups) is the
-// waiter's, in waiter.go (SPEC W1-W6, H6, H9).
+// waiter's, in waiter.go (SPEC W1-W7, H6, H9).
 
 import (
 	"context"

@@ -2,7 +2,7 @@ package lock
 
 // The waiting protocol of one acquire as a type: a waiter holds what its
 // attempts wrote and when, and how it is woken; each state of the wait is
-// one method (SPEC W1-W6, H6, H9).
+// one method (SPEC W1-W7, H6, H9).
 
 import (
 	"context"
