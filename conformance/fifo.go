@@ -37,17 +37,24 @@ const w6Modes = "xssssxxsssxsssxxssss"
 
 // w6Tickets returns the live tickets of key, in queue order.
 func w6Tickets(ctx context.Context, l *lock.Locker, key string) ([]lock.Holder, error) {
+	out, err := liveOf(ctx, l, key, lock.Queued)
+	sort.Slice(out, func(i, j int) bool { return out[i].Token < out[j].Token })
+	return out, err
+}
+
+// liveOf returns the live rows of key in mode (leases, markers or
+// tickets), as the database sees them.
+func liveOf(ctx context.Context, l *lock.Locker, key string, mode lock.Mode) ([]lock.Holder, error) {
 	hs, now, err := l.Holders(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	var out []lock.Holder
 	for _, h := range hs {
-		if h.Key == key && h.Mode == lock.Queued && h.Expiry.After(now) {
+		if h.Key == key && h.Mode == mode && h.Expiry.After(now) {
 			out = append(out, h)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Token < out[j].Token })
 	return out, nil
 }
 

@@ -90,6 +90,10 @@ type StressSpec struct {
 	// FIFOPercent of acquires wait in the key's FIFO queue (lock.FIFO,
 	// SPEC W6); the dialect must have dialect.CapFIFO when it is > 0.
 	FIFOPercent int
+	// Limit, when > 0, makes every shared acquire a semaphore acquire of
+	// at most Limit holders (lock.Limit, SPEC W7); the dialect must
+	// support it (dialect.SupportsLimit).
+	Limit int
 }
 
 // CreateLogTable creates the grant log table used by stress cases.
@@ -128,6 +132,16 @@ func joinErrs(errs chan error) error {
 // RunStressWorkers runs spec.Workers workers against db. newLocker may be
 // nil (lock.New).
 func RunStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec StressSpec, newLocker func(context.Context, *sql.DB, dialect.Dialect, ...lock.Option) (*lock.Locker, error)) error {
+	return runStressWorkers(ctx, db, d, spec, newLocker, nil)
+}
+
+// runStressWorkers is RunStressWorkers; onShared, when not nil, is called
+// with +1 once a shared lease is granted and with -1 before it is released
+// or orphaned, so a case can count the shared holds in its process.
+func runStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec StressSpec, newLocker func(context.Context, *sql.DB, dialect.Dialect, ...lock.Option) (*lock.Locker, error), onShared func(delta int)) error {
+	if onShared == nil {
+		onShared = func(int) {}
+	}
 	if newLocker == nil {
 		newLocker = lock.New
 	}
@@ -164,6 +178,9 @@ func RunStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 				if rand.IntN(100) < spec.FIFOPercent {
 					opts = append(opts, lock.FIFO())
 				}
+				if mode == lock.Shared && spec.Limit > 0 {
+					opts = append(opts, lock.Limit(spec.Limit))
+				}
 				lease, err := l.Acquire(ctx, key, mode, opts...)
 				if errors.Is(err, lock.ErrLocked) {
 					continue
@@ -173,7 +190,13 @@ func RunStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 					return
 				}
 				acquired := lease.GrantedAt().UnixMicro()
+				if mode == lock.Shared {
+					onShared(1)
+				}
 				time.Sleep(time.Duration(rand.Int64N(int64(spec.Hold) + 1)))
+				if mode == lock.Shared {
+					onShared(-1)
+				}
 				var released int64
 				if rand.IntN(100) < spec.CrashPercent {
 					// The holder "crashes": its lease is never renewed or

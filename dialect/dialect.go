@@ -271,7 +271,9 @@ func (c ErrorClass) String() string {
 // "leaseID:token" strings), @channel (text: the notification channel of
 // the namespace, see CapNotify), @ticket_id (text: the FIFO waiter's ticket
 // ID, stable for the whole acquire), @ticket_us (int64 ticket TTL in
-// microseconds, 0 = do not write the ticket; see AcquireFIFO).
+// microseconds, 0 = do not write the ticket; see AcquireFIFO),
+// @shared_limit (int64: the most shared leases of @key a shared request
+// may be granted beside, 0 = no limit; see Acquire and ParamSharedLimit).
 //
 // Times returned by statements are int64 microseconds since the Unix epoch in
 // the database's clock (SPEC S2), as columns named *_us.
@@ -295,6 +297,16 @@ type Statements struct {
 	// @key remains and no other waiter's live marker exists; a shared
 	// request when no exclusive holder remains and no live marker exists. A
 	// grant takes a fencing token greater than every token granted before.
+	//
+	// Semaphores (SPEC W7, optional): a script that binds @shared_limit
+	// refuses a shared request with @shared_limit > 0 while @key has at
+	// least @shared_limit holders, and then lists every holder of @key in
+	// its refusal rows. The count and the insert must see one state: two
+	// requests must never both see n-1 holders and both be granted (count
+	// under the same per-key serialization as the other checks). A script
+	// that does not bind it declares semaphores unsupported; Probe, Grant
+	// and ProbeFIFO are then not run for limited requests unless they bind
+	// it too (and must then refuse as Acquire does).
 	Acquire []string
 	// Probe is an optional read-only query run before the Acquire script
 	// when the attempt has no marker or watch to write (@marker_us and
@@ -380,7 +392,8 @@ type Statements struct {
 	// with the next sequence number and the database time, or, when it
 	// exists, its expiry is moved to now + @ticket_us; a request is granted
 	// only when no live ticket with a smaller sequence number conflicts with
-	// it (an exclusive one for a shared request, any for an exclusive one);
+	// it (an exclusive one for a shared request, any for an exclusive one or
+	// for a semaphore request, @shared_limit > 0, when the script binds it);
 	// a caller without a live ticket (a try) counts as behind every ticket.
 	// A grant deletes the caller's ticket. The pending-writer marker is set
 	// only when no ticket is ahead of the caller. A refused attempt with
@@ -881,4 +894,35 @@ func DriverPackage(d driver.Driver) string {
 		return ""
 	}
 	return t.PkgPath()
+}
+
+// ParamSharedLimit names the Statements parameter that carries a semaphore
+// acquire's limit (SPEC W7): @shared_limit, an int64, 0 for a request
+// without one. A dialect supports lock.Limit when its Acquire script binds
+// it (and lock.Limit with lock.FIFO when its AcquireFIFO script does).
+const ParamSharedLimit = "shared_limit"
+
+// TakesParam reports whether any of the statement templates binds the
+// parameter @name (outside quoted text and comments, as Compile reads
+// them). The engine and the conformance suite derive what a dialect
+// supports from its statements this way, for example SupportsLimit.
+func TakesParam(d Dialect, name string, templates ...string) bool {
+	for _, t := range templates {
+		s, err := Compile(d, Namespace{}, t, []string{name})
+		if err == nil && slices.Contains(s.Params, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// SupportsLimit reports whether d's acquire statements take
+// ParamSharedLimit, for acquires with FIFO when fifo is set: whether
+// lock.Limit works on d (SPEC W7).
+func SupportsLimit(d Dialect, fifo bool) bool {
+	s := d.Statements()
+	if fifo {
+		return TakesParam(d, ParamSharedLimit, s.AcquireFIFO...)
+	}
+	return TakesParam(d, ParamSharedLimit, s.Acquire...)
 }

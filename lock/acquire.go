@@ -2,7 +2,7 @@ package lock
 
 // Acquiring: TryAcquire, Acquire, Do, and the statements of one attempt;
 // the waiting protocol (backoff, markers, FIFO tickets, wake-ups) is the
-// waiter's, in waiter.go (SPEC W1-W6, H6, H9).
+// waiter's, in waiter.go (SPEC W1-W7, H6, H9).
 
 import (
 	"context"
@@ -27,6 +27,8 @@ type acquireConfig struct {
 	// HoldAtLeast and HoldAtMost (SPEC H10).
 	minHold, maxLife       time.Duration
 	minHoldSet, maxLifeSet bool
+	limit                  int   // Limit's n (SPEC W7); valid when limitSet
+	limitSet               bool  // Limit was given
 	bad                    error // the first nil option (rule I1)
 	// callerCancels: the caller's context can end (Done is not nil);
 	// set by acquire before it adds Close's cancellation.
@@ -95,8 +97,9 @@ func FIFO() AcquireOption {
 // mode is Exclusive; SPEC W4), ErrClosed, the context's
 // error (nothing is left held, SPEC H6), or the database's error.
 //
-// Options: FIFO (never jump the key's FIFO queue, SPEC W6); HoldAtLeast
-// and HoldAtMost (exclusive only, SPEC H10); WaitTimeout is ignored.
+// Options: FIFO (never jump the key's FIFO queue, SPEC W6), Limit (a
+// semaphore of at most n shared holders, SPEC W7); HoldAtLeast and
+// HoldAtMost (exclusive only, SPEC H10); WaitTimeout is ignored.
 func (l *Locker) TryAcquire(ctx context.Context, key string, mode Mode, opts ...AcquireOption) (*Lease, error) {
 	var ac acquireConfig
 	ac.apply(opts)
@@ -236,7 +239,8 @@ func (l *Locker) acquire(ctx context.Context, key string, mode Mode, wait bool, 
 }
 
 // checkAcquire returns the error of an acquire refused before it starts:
-// bad input (SPEC I1), FIFO without dialect support, or an ended context.
+// bad input (SPEC I1), FIFO or Limit without dialect support, or an ended
+// context.
 func (l *Locker) checkAcquire(ctx context.Context, key string, mode Mode, ac acquireConfig) error {
 	if ctx == nil {
 		return inputErr("context", "nil", "pass a non-nil context")
@@ -258,6 +262,9 @@ func (l *Locker) checkAcquire(ctx context.Context, key string, mode Mode, ac acq
 	}
 	if ac.fifo && len(l.st.acquireFIFO) == 0 {
 		return fmt.Errorf("lock: acquire %s %q: FIFO: dialect %q: %w", mode, key, l.d.Name(), errors.ErrUnsupported)
+	}
+	if err := l.checkLimit(key, mode, ac); err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("lock: acquire %s %q: %w", mode, key, context.Cause(ctx))

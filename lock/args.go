@@ -46,7 +46,7 @@ func (m Mode) arg() any {
 // acquireArgs are the named values of the acquire statements (Acquire,
 // Grant, Probe, Mark and their FIFO forms).
 type acquireArgs struct {
-	key, mode, leaseID, owner, ttlUS, markerUS, watchUS, ticketID, ticketUS any
+	key, mode, leaseID, owner, ttlUS, markerUS, watchUS, ticketID, ticketUS, limit any
 }
 
 func (a *acquireArgs) arg(name string) any {
@@ -69,17 +69,20 @@ func (a *acquireArgs) arg(name string) any {
 		return a.ticketID
 	case "ticket_us":
 		return a.ticketUS
+	case limitParam:
+		return a.limit
 	}
 	return nil
 }
 
 // acquireVals returns the named values of one acquire attempt: key in
 // mode under leaseID, with the marker and watch TTLs in microseconds (0:
-// none), and the FIFO ticket when tk is not nil.
-func (l *Locker) acquireVals(key string, mode Mode, leaseID string, markerUS, watchUS int64, tk *ticketArgs) *acquireArgs {
+// none), the semaphore limit (0: none; SPEC W7), and the FIFO ticket when
+// tk is not nil.
+func (l *Locker) acquireVals(key string, mode Mode, leaseID string, markerUS, watchUS, limit int64, tk *ticketArgs) *acquireArgs {
 	a := &acquireArgs{
 		key: key, mode: mode.arg(), leaseID: leaseID, owner: l.boxed.owner,
-		ttlUS: l.boxed.ttlUS, markerUS: markerUS, watchUS: watchUS,
+		ttlUS: l.boxed.ttlUS, markerUS: markerUS, watchUS: watchUS, limit: limit,
 	}
 	if tk != nil {
 		a.ticketID, a.ticketUS = tk.id, tk.us

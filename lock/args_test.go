@@ -84,12 +84,12 @@ func TestLockerBindsItsOwnValues(t *testing.T) {
 			}
 		}
 	}
-	check("exclusive acquire", l.acquireVals("k", Exclusive, "id", 2, 3, nil), map[string]any{
+	check("exclusive acquire", l.acquireVals("k", Exclusive, "id", 2, 3, 0, nil), map[string]any{
 		"key": "k", "mode": "x", "lease_id": "id", "owner": "worker-7", "ttl_us": int64(7_000_000),
-		"marker_us": int64(2), "watch_us": int64(3)})
-	check("shared FIFO acquire", l.acquireVals("k", Shared, "id", 0, 0, &ticketArgs{id: "t", us: 4}), map[string]any{
+		"marker_us": int64(2), "watch_us": int64(3), "shared_limit": int64(0)})
+	check("shared FIFO acquire", l.acquireVals("k", Shared, "id", 0, 0, 3, &ticketArgs{id: "t", us: 4}), map[string]any{
 		"key": "k", "mode": "s", "lease_id": "id", "owner": "worker-7", "ttl_us": int64(7_000_000),
-		"marker_us": int64(0), "watch_us": int64(0), "ticket_id": "t", "ticket_us": int64(4)})
+		"marker_us": int64(0), "watch_us": int64(0), "ticket_id": "t", "ticket_us": int64(4), "shared_limit": int64(3)})
 	check("release", l.releaseVals("id", 9), map[string]any{"lease_id": "id", "token": int64(9), "channel": l.channel})
 	if l.channel == "" {
 		t.Error("the Locker has no notification channel")

@@ -176,7 +176,7 @@ type stmt struct {
 	ok bool
 }
 
-var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us", "marker_us", "limit", "key_prefix", "leases", "channel", "watch_us", "ticket_id", "ticket_us", "pause_us"}
+var paramNames = []string{"key", "mode", "lease_id", "owner", "token", "ttl_us", "marker_us", "limit", "key_prefix", "leases", "channel", "watch_us", "ticket_id", "ticket_us", "pause_us", limitParam}
 
 // New builds a Locker on db with dialect d (nil: detected from db's driver
 // among registered dialects). It renders and checks every statement

@@ -2,7 +2,7 @@ package lock
 
 // The waiting protocol of one acquire as a type: a waiter holds what its
 // attempts wrote and when, and how it is woken; each state of the wait is
-// one method (SPEC W1-W6, H6, H9).
+// one method (SPEC W1-W7, H6, H9).
 
 import (
 	"context"
@@ -34,6 +34,7 @@ type waiter struct {
 	deadline time.Time // the WaitTimeout's end; zero: none
 	hard     time.Time // no statement runs much past it (SPEC H9); zero: none
 	watchUS  int64     // the watch TTL each attempt writes (CapNotify); 0: none
+	limit    int64     // the semaphore's n (SPEC W7); 0: none
 
 	n        int       // the attempt, from 0
 	retries  int       // errors retried so far
@@ -82,6 +83,9 @@ func (l *Locker) newWaiter(ctx context.Context, key string, mode Mode, activeID 
 		w.tk = &ticketArgs{id: activeID}
 	}
 	w.minHold, w.maxLife = ac.minHold, ac.maxLife
+	if ac.limitSet {
+		w.limit = int64(ac.limit)
+	}
 	if wait {
 		if l.d.Capabilities().Has(dialect.CapNotify) {
 			w.watchUS = watchTTL.Microseconds()
@@ -162,13 +166,19 @@ func (w *waiter) attempt() (err error) {
 	stop := context.AfterFunc(w.ctx, func() { time.AfterFunc(acquireCancelGrace, cancel) })
 	defer stop()
 	w.res = acquireResult{}
-	vals := l.acquireVals(w.key, w.mode, w.leaseID, w.markerUS, w.watchUS, w.tk)
+	vals := l.acquireVals(w.key, w.mode, w.leaseID, w.markerUS, w.watchUS, w.limit, w.tk)
 	probe, script := l.st.probe, l.st.acquire
 	if w.tk != nil {
 		probe, script = l.st.probeFIFO, l.st.acquireFIFO
 		probe.ok = probe.ok && w.tk.us == 0
 	}
 	fast := w.tk == nil && l.st.grant.ok && w.watchUS == 0
+	if w.limit > 0 {
+		// A Probe or Grant that does not count holders would not refuse a
+		// full semaphore (SPEC W7): leave it to the script.
+		probe.ok = probe.ok && usesLimit(probe.Stmt)
+		fast = fast && usesLimit(l.st.grant.Stmt)
+	}
 	first := w.wait && w.n == 0
 	if fast && first {
 		// Most acquires find the key free: try the one-statement grant.

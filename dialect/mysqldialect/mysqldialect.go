@@ -305,7 +305,7 @@ func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
 		Primary:     primaryQuery,
 		SeePrimary:  `CALL {primary_seen}(@pause_us)`,
-		Acquire:     []string{`CALL {acquire}(@key, @mode, @lease_id, @owner, @ttl_us, @marker_us, @watch_us)`},
+		Acquire:     []string{`CALL {acquire_limit}(@key, @mode, @lease_id, @owner, @ttl_us, @marker_us, @watch_us, @shared_limit)`},
 		Renew:       `CALL {renew}(@lease_id, @token, @ttl_us)`,
 		Release:     `CALL {release}(@lease_id, @token)`,
 		ClearMarker: `CALL {clear_marker}(@key, @lease_id)`,

@@ -66,6 +66,13 @@ func TestAcquireFastPathDifferential(t *testing.T) {
 	if !strings.Contains(down, "CREATE OR REPLACE FUNCTION") || strings.Contains(down, "pg_try_advisory_xact_lock") {
 		t.Fatalf("the Down section of 00005 is not the old function:\n%s", down)
 	}
+	// The function of migration 00011 takes an eighth argument (p_limit,
+	// SPEC W7) with a default: drop it, or the seven-argument calls would
+	// be ambiguous. The new schema's calls run it with p_limit 0.
+	drop := "DROP FUNCTION " + oldNS.Object(d, "acquire") + "(text, text, text, text, bigint, bigint, bigint, bigint)"
+	if _, err := db.ExecContext(ctx, drop); err != nil {
+		t.Fatalf("dropping the new function from the old schema: %v", err)
+	}
 	if _, err := db.ExecContext(ctx, down); err != nil {
 		t.Fatalf("installing the old function: %v", err)
 	}

@@ -220,7 +220,7 @@ func (Dialect) Statements() dialect.Statements {
 		SeePrimary: `SELECT until_us, now_us FROM {primary_seen}(@pause_us)`,
 		Isolation:  sql.LevelReadCommitted,
 		Acquire: []string{`SELECT granted, lease_id, mode, owner, token, expires_us, now_us
-FROM {acquire}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint, @watch_us::bigint)`},
+FROM {acquire}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint, @watch_us::bigint, @shared_limit::bigint)`},
 		Renew: `UPDATE {holders}
 SET expires_at = clock_timestamp() + @ttl_us::bigint * interval '1 microsecond'
 WHERE lease_id = @lease_id AND token = @token AND expires_at > clock_timestamp()
@@ -308,7 +308,7 @@ WHERE h.lease_id = d.lease_id AND h.expires_at <= clock_timestamp()`},
 		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {markers}) + (SELECT count(*) FROM {watches}) + (SELECT count(*) FROM {tickets})`,
 		// FIFO waiters (SPEC W6): the function has its own read-only pass.
 		AcquireFIFO: []string{`SELECT granted, lease_id, mode, owner, token, expires_us, now_us
-FROM {acquire_fifo}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint, @watch_us::bigint, @ticket_id, @ticket_us::bigint)`},
+FROM {acquire_fifo}(@key, @mode, @lease_id, @owner, @ttl_us::bigint, @marker_us::bigint, @watch_us::bigint, @ticket_id, @ticket_us::bigint, @shared_limit::bigint)`},
 		Dequeue: `DELETE FROM {tickets} WHERE ticket_id = @ticket_id`,
 	}
 }

@@ -585,3 +585,98 @@ func TestUpgradeToVersion8GrantsWakeLikeAcquire(t *testing.T) {
 		}
 	}
 }
+
+// TestUpgradeToVersion11KeepsCallsAndGrants: migration 00011 (semaphores,
+// SPEC W7) drops and creates the acquire functions with a last parameter
+// p_limit DEFAULT 0. On a version-10 schema whose functions' EXECUTE was
+// revoked from PUBLIC and granted to a service role (with grant option),
+// holding a shared lease granted by a version-10 call: after the upgrade
+// the role keeps its grants and PUBLIC gets none, a call as older builds
+// send it (seven arguments) still grants and refuses as before, this
+// build's Locker counts the old lease against lock.Limit, and Down to 10
+// restores the seven-argument function with the same grants.
+func TestUpgradeToVersion11KeepsCallsAndGrants(t *testing.T) {
+	ctx := context.Background()
+	db, d, ns, p := schemaAt(t, "sqlease_up11_", 10)
+	role := ns.Schema + " Svc-Role"
+	createRole(t, db, d, role)
+	acq, fifo := ns.Object(d, "acquire"), ns.Object(d, "acquire_fifo")
+	old := []string{acq + "(text, text, text, text, bigint, bigint, bigint)", fifo + "(text, text, text, text, bigint, bigint, bigint, text, bigint)"}
+	now := []string{acq + "(text, text, text, text, bigint, bigint, bigint, bigint)", fifo + "(text, text, text, text, bigint, bigint, bigint, text, bigint, bigint)"}
+	for _, f := range old {
+		for _, q := range []string{"REVOKE EXECUTE ON FUNCTION " + f + " FROM PUBLIC", "GRANT EXECUTE ON FUNCTION " + f + " TO " + d.QuoteIdent(role) + " WITH GRANT OPTION"} {
+			if _, err := db.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	oldCall := func(id, mode string) bool {
+		t.Helper()
+		var granted bool
+		err := db.QueryRowContext(ctx, "SELECT bool_or(granted) FROM "+acq+"('w7/up', $1, $2, 'old-build', 60000000, 0, 0)", mode, id).Scan(&granted)
+		if err != nil {
+			t.Fatalf("seven-argument call: %v", err)
+		}
+		return granted
+	}
+	if !oldCall("old-1", "s") {
+		t.Fatal("version 10: shared grant refused")
+	}
+	grants := func(fns []string) {
+		t.Helper()
+		for _, f := range fns {
+			var mayRole, mayPublic bool
+			if err := db.QueryRowContext(ctx, "SELECT has_function_privilege($1, $2, 'EXECUTE WITH GRANT OPTION'), has_function_privilege('public', $2, 'EXECUTE')", role, f).Scan(&mayRole, &mayPublic); err != nil {
+				t.Fatal(err)
+			}
+			if !mayRole || mayPublic {
+				t.Errorf("%s: service role may grant EXECUTE: %v (want true); PUBLIC may execute: %v (want false)", f, mayRole, mayPublic)
+			}
+		}
+	}
+	if _, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	grants(now)
+	if oldCall("old-x", "x") {
+		t.Error("version 11: an older build's exclusive call was granted beside a shared lease")
+	}
+	if !oldCall("old-2", "s") {
+		t.Error("version 11: an older build's shared call was refused")
+	}
+	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	if _, err := l.TryAcquire(ctx, "w7/up", lock.Shared, lock.Limit(2)); !errors.Is(err, lock.ErrLocked) {
+		t.Errorf("Limit(2) beside two older builds' leases: want ErrLocked, got %v", err)
+	}
+	le, err := l.TryAcquire(ctx, "w7/up", lock.Shared, lock.Limit(3))
+	if err != nil {
+		t.Fatalf("Limit(3) beside two leases: %v", err)
+	}
+	_ = le.Release(ctx)
+	if _, err := p.DownTo(ctx, 10); err != nil {
+		t.Fatalf("down to 10: %v", err)
+	}
+	grants(old)
+	if !oldCall("old-3", "s") {
+		t.Error("after Down to 10: shared call refused")
+	}
+	if _, err := migrate.Up(ctx, db, d, migrate.WithNamespace(ns)); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}
+
+// createRole creates the role name, dropped (with what it owns) at cleanup.
+func createRole(t *testing.T, db *sql.DB, d pgdialect.Dialect, name string) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), "CREATE ROLE "+d.QuoteIdent(name)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.ExecContext(context.Background(), "DROP OWNED BY "+d.QuoteIdent(name))
+		db.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+d.QuoteIdent(name))
+	})
+}

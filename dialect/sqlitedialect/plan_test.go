@@ -30,7 +30,7 @@ func TestHotStatementsNeedNoEphemeralTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := d.Statements()
-	params := []string{"key", "mode", "lease_id", "owner", "ttl_us", "token", "channel"}
+	params := []string{"key", "mode", "lease_id", "owner", "ttl_us", "token", "channel", dialect.ParamSharedLimit}
 	for _, tc := range []struct {
 		name     string
 		template string
@@ -44,7 +44,7 @@ func TestHotStatementsNeedNoEphemeralTable(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		args := s.Args(map[string]any{"key": "k", "mode": "x", "lease_id": "l", "owner": "o", "ttl_us": int64(1e6), "token": int64(1)})
+		args := s.Args(map[string]any{"key": "k", "mode": "x", "lease_id": "l", "owner": "o", "ttl_us": int64(1e6), "token": int64(1), dialect.ParamSharedLimit: int64(2)})
 		rows, err := db.QueryContext(ctx, "EXPLAIN "+s.SQL, args...)
 		if err != nil {
 			t.Fatalf("%s: EXPLAIN: %v", tc.name, err)

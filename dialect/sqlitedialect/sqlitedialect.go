@@ -242,15 +242,28 @@ const nextToken = `max(c.value + 1, ` + now + `)`
 const mySeq = `coalesce((SELECT seq FROM {tickets} WHERE ticket_id = @ticket_id AND expires_us > ` + now + `), 9223372036854775807)`
 
 // ticketsAhead selects the live tickets of @key ahead of the caller's that
-// conflict with @mode (SPEC W6).
+// conflict with @mode (SPEC W6); for a semaphore acquire every ticket ahead
+// does, so semaphore waiters are admitted in arrival order (SPEC W7).
 const ticketsAhead = `FROM {tickets} t
 WHERE t.lock_key = @key AND t.expires_us > ` + now + ` AND t.ticket_id <> @ticket_id
-  AND (t.mode = 'x' OR @mode = 'x') AND t.seq < ` + mySeq
+  AND (t.mode = 'x' OR @mode = 'x' OR @shared_limit > 0) AND t.seq < ` + mySeq
+
+// full and fullLive are true when the request is a semaphore acquire
+// (@shared_limit > 0, SPEC W7) and @key has at least @shared_limit holder
+// rows (full, for the Acquire scripts, which run after the takeover of
+// expired rows under the write lock, so the count cannot change before
+// their insert) or live holders (fullLive, for the read-only probes).
+// A request without a limit never reads the count.
+const (
+	full     = `@shared_limit > 0 AND @shared_limit <= (SELECT count(*) FROM {holders} f WHERE f.lock_key = @key)`
+	fullLive = `@shared_limit > 0 AND @shared_limit <= (SELECT count(*) FROM {holders} f WHERE f.lock_key = @key AND f.expires_us > ` + now + `)`
+)
 
 // probeHolder and probeMarker select, for Probe, the live holders that
-// conflict with @mode and the live marker of another waiter of @key.
+// conflict with @mode (every one when a semaphore is full) and the live
+// marker of another waiter of @key.
 const (
-	probeHolder = `h.lock_key = @key AND h.expires_us > ` + now + ` AND (h.mode = 'x' OR @mode = 'x')`
+	probeHolder = `h.lock_key = @key AND h.expires_us > ` + now + ` AND (h.mode = 'x' OR @mode = 'x' OR ` + fullLive + `)`
 	probeMarker = `m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id`
 )
 
@@ -289,7 +302,8 @@ FROM {counter} c
 WHERE c.id = 1
   AND @mode IN ('x', 's')
   AND NOT EXISTS (SELECT 1 FROM {holders} h WHERE h.lock_key = @key AND (h.mode = 'x' OR @mode = 'x'))
-  AND NOT EXISTS (SELECT 1 FROM {markers} m WHERE m.lock_key = @key AND m.waiter_id <> @lease_id)`,
+  AND NOT EXISTS (SELECT 1 FROM {markers} m WHERE m.lock_key = @key AND m.waiter_id <> @lease_id)
+  AND NOT (` + full + `)`,
 			// Refused exclusive request: set or refresh our marker unless
 			// another waiter's live marker holds the claim.
 			`INSERT INTO {markers} (lock_key, waiter_id, owner, expires_us)
@@ -305,7 +319,7 @@ FROM {holders} WHERE lease_id = @lease_id
 UNION ALL
 SELECT 0, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + `
 FROM {holders} h
-WHERE h.lock_key = @key AND (h.mode = 'x' OR @mode = 'x')
+WHERE h.lock_key = @key AND (h.mode = 'x' OR @mode = 'x' OR ` + full + `)
   AND NOT EXISTS (SELECT 1 FROM {holders} g WHERE g.lease_id = @lease_id)
 UNION ALL
 SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
@@ -348,7 +362,7 @@ ORDER BY 1, 5`,
 		ProbeFIFO: `WITH b AS (
     SELECT 0 AS granted, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + ` AS now_us
     FROM {holders} h
-    WHERE h.lock_key = @key AND h.expires_us > ` + now + ` AND (h.mode = 'x' OR @mode = 'x')
+    WHERE ` + probeHolder + `
     UNION ALL
     SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
     FROM {markers} m
@@ -378,6 +392,7 @@ WHERE c.id = 1
   AND @mode IN ('x', 's')
   AND NOT EXISTS (SELECT 1 FROM {holders} h WHERE h.lock_key = @key AND (h.mode = 'x' OR @mode = 'x'))
   AND NOT EXISTS (SELECT 1 FROM {markers} m WHERE m.lock_key = @key AND m.waiter_id <> @lease_id)
+  AND NOT (` + full + `)
   AND NOT EXISTS (SELECT 1 ` + ticketsAhead + `)`,
 			// Only the head of the queue claims the key against readers
 			// that do not queue.
@@ -396,7 +411,7 @@ FROM {holders} WHERE lease_id = @lease_id
 UNION ALL
 SELECT 0, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + `
 FROM {holders} h
-WHERE h.lock_key = @key AND (h.mode = 'x' OR @mode = 'x')
+WHERE h.lock_key = @key AND (h.mode = 'x' OR @mode = 'x' OR ` + full + `)
   AND NOT EXISTS (SELECT 1 FROM {holders} g WHERE g.lease_id = @lease_id)
 UNION ALL
 SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
