@@ -1413,7 +1413,7 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 	}
 	other := e.NewLocker(nil, lock.WithTTL(ttl))
 	keys := []string{"x", "s"}
-	fifo := e.Dialect.Capabilities().Has(dialect.CapFIFO)
+	fifo := dialect.CapabilitiesOf(e.Dialect).Has(dialect.CapFIFO)
 	if fifo {
 		keys = append(keys, "q")
 	}

@@ -2,7 +2,7 @@
 // database: a Dialect contributes the SQL text of every engine operation, the
 // goose migrations that create the lock tables, identifier quoting and error
 // classification. The engine in package lock runs that SQL and never branches
-// on a dialect's name, only on the Capabilities it declares.
+// on a dialect's name, only on its capabilities (CapabilitiesOf).
 //
 // The built-in dialects live in dialect/pgdialect (PostgreSQL),
 // dialect/mysqldialect (MySQL, MariaDB) and dialect/sqlitedialect (SQLite). A third-party dialect is a value that
@@ -66,8 +66,10 @@ import (
 type Dialect interface {
 	// Name is the registry name ("postgres", "sqlite"): lower case, unique.
 	Name() string
-	// Capabilities declares what the dialect's SQL supports; the engine and
-	// the conformance suite branch on these flags only.
+	// Capabilities declares what the dialect's SQL supports that the
+	// engine cannot see from what it implements (CapNotify and CapFIFO are
+	// derived instead: see CapabilitiesOf, which the engine and the
+	// conformance suite branch on).
 	Capabilities() Capabilities
 	// QuoteIdent quotes one identifier (no dots) for use in SQL text.
 	QuoteIdent(name string) string
@@ -143,13 +145,14 @@ const (
 	// moment (PostgreSQL). Without it the database serializes writers and
 	// tests that need two concurrent write transactions are skipped.
 	CapConcurrentWriters
-	// CapNotify: Release notifies waiters on @channel, and the dialect
-	// implements Listener, so waiters are woken at once instead of at their
-	// next poll.
+	// CapNotify is derived, never declared: CapabilitiesOf sets it when the
+	// dialect implements Listener (Release then notifies waiters on
+	// @channel, so they are woken at once instead of at their next poll).
 	CapNotify
-	// CapFIFO: the dialect has Statements.AcquireFIFO and Dequeue (and
-	// lists tickets in Holders), so acquires can wait in a strict FIFO
-	// queue of ticket rows per key (SPEC W6).
+	// CapFIFO is derived, never declared: CapabilitiesOf sets it when
+	// Statements.AcquireFIFO is set (with Dequeue, and tickets listed in
+	// Holders), so acquires can wait in a strict FIFO queue of ticket rows
+	// per key (SPEC W6).
 	CapFIFO
 	// CapFenceIdleTimeout: Statements.Fence makes the database end the
 	// caller's transaction when it sits idle for about the lease TTL
@@ -160,7 +163,8 @@ const (
 	CapFenceIdleTimeout
 )
 
-// Listener is implemented by dialects with CapNotify: Listen turns conn
+// Listener is implemented by dialects with push wake-ups (CapNotify, which
+// implementing it gives): Listen turns conn
 // (a connection the engine dedicates to it) into a listener on channel,
 // calls ready once it listens, then calls deliver with the payload (a key)
 // of every notification until ctx ends or the connection fails. It returns

@@ -80,7 +80,7 @@ func (l *Locker) newWaiter(ctx context.Context, key string, mode Mode, activeID 
 		w.tk = &ticketArgs{id: activeID}
 	}
 	if wait {
-		if l.d.Capabilities().Has(dialect.CapNotify) {
+		if l.caps.Has(dialect.CapNotify) {
 			w.watchUS = watchTTL.Microseconds()
 		}
 		w.hw, w.stopWaiting = l.waitStart(key, activeID)

@@ -338,7 +338,6 @@ func (l *Locker) waitStart(key, id string) (*hubWaiter, func()) {
 // Locker of the pool closes while it has none.
 func (l *Locker) listenStart() func() {
 	dl, push := l.d.(dialect.Listener)
-	push = push && l.d.Capabilities().Has(dialect.CapNotify)
 	cw, watch := l.d.(dialect.ChangeWatcher)
 	if !push && !watch {
 		return func() {}

@@ -67,13 +67,13 @@ func (Dialect) Name() string { return Name }
 // prints as its name with fmt's %v.
 func (Dialect) String() string { return Name }
 
-// Capabilities: schemas, row-lock fences bounded by an idle timeout,
-// concurrent writers, release notifications and FIFO tickets. Migrations are
+// Capabilities: schemas, row-lock fences bounded by an idle timeout and
+// concurrent writers (release notifications and FIFO tickets are derived
+// from Listen and Statements.AcquireFIFO). Migrations are
 // serialized by MigrationLocker, a table lock (not a session advisory lock,
 // which PgBouncer's transaction pooling breaks).
 func (Dialect) Capabilities() dialect.Capabilities {
-	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapNotify |
-		dialect.CapFIFO | dialect.CapFenceIdleTimeout
+	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapFenceIdleTimeout
 }
 
 // Listen makes conn LISTEN on channel and delivers notification payloads

@@ -76,10 +76,10 @@ func (Dialect) Name() string { return Name }
 // prints as its name with fmt's %v.
 func (Dialect) String() string { return Name }
 
-// Capabilities: write-lock fences and FIFO tickets (no schemas, one writer
-// at a time).
+// Capabilities: write-lock fences (no schemas, one writer at a time; FIFO
+// tickets are derived from Statements.AcquireFIFO).
 func (Dialect) Capabilities() dialect.Capabilities {
-	return dialect.CapWriteLockFence | dialect.CapFIFO
+	return dialect.CapWriteLockFence
 }
 
 // QuoteIdent double-quotes name, doubling embedded quotes.
