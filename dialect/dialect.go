@@ -166,8 +166,8 @@ const (
 // Listener is implemented by dialects with push wake-ups (CapNotify, which
 // implementing it gives): Listen turns conn
 // (a connection the engine dedicates to it) into a listener on channel,
-// calls ready once it listens, then calls deliver with the payload (a key)
-// of every notification until ctx ends or the connection fails. It returns
+// calls ready once it listens, then calls deliver with the payload (see
+// Wake and ParseWake) of every notification until ctx ends or the connection fails. It returns
 // an error matching errors.ErrUnsupported when the connection's driver
 // cannot receive notifications (the engine then polls).
 type Listener interface {
@@ -334,9 +334,9 @@ type Statements struct {
 	// only to undo an acquire whose reply it never saw (lease IDs are random
 	// and never reused). A dialect with CapNotify also notifies @channel
 	// in the same statement, at least when a waiter of the key may be
-	// granted now; the payload is the key, or, to wake only the waiter of
-	// the key's live pending-writer marker, "\x1e" + its waiter ID +
-	// "\x1e" + the key (a hint: waiters also poll). The engine runs it
+	// granted now, with a Wake payload: the key, and the waiter ID of the
+	// key's live pending-writer marker to wake only that waiter (a hint:
+	// waiters also poll). The engine runs it
 	// alone in autocommit, so it may commit without waiting for
 	// durability (PostgreSQL: synchronous_commit off for its transaction):
 	// a release lost in a crash leaves the lease to expire, provided grants
