@@ -24,7 +24,7 @@ func CapabilitiesOf(d Dialect) Capabilities {
 
 // CheckConsistent reports a dialect whose parts contradict each other:
 // AcquireFIFO without Dequeue (a FIFO waiter could not leave the queue),
-// Dequeue or ProbeFIFO without AcquireFIFO, or CapNotify or CapFIFO
+// Dequeue or FastPath.ProbeFIFO without AcquireFIFO, or CapNotify or CapFIFO
 // declared by Capabilities without what gives it (a Listener,
 // AcquireFIFO). lock.New refuses such a dialect with this error, which
 // names the dialect and what is missing.
@@ -34,7 +34,7 @@ func CheckConsistent(d Dialect) error {
 	switch {
 	case fifo && s.Dequeue == "":
 		return fmt.Errorf("dialect %q has AcquireFIFO but no Dequeue statement: FIFO needs both (SPEC W6)", d.Name())
-	case !fifo && (s.Dequeue != "" || s.ProbeFIFO != ""):
+	case !fifo && (s.Dequeue != "" || FastPathOf(d).ProbeFIFO != ""):
 		return fmt.Errorf("dialect %q has Dequeue or ProbeFIFO but no AcquireFIFO statement: set AcquireFIFO or neither (SPEC W6)", d.Name())
 	}
 	if extra := d.Capabilities() & derived &^ CapabilitiesOf(d); extra != 0 {

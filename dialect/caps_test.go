@@ -72,3 +72,17 @@ func TestCheckConsistentRefusesHalfFIFOAndFalseClaims(t *testing.T) {
 		t.Errorf("CheckConsistent with a redundant CapFIFO: %v", err)
 	}
 }
+
+// SQLite's one-statement shortcuts sit behind FastPather; the other
+// dialects have none, and a wrapper that hides the interface has none.
+func TestFastPathOf(t *testing.T) {
+	fp := dialect.FastPathOf(sqlitedialect.New())
+	if fp.Probe == "" || fp.ProbeFIFO == "" || fp.Grant == "" || fp.Mark == "" {
+		t.Errorf("SQLite fast path has an empty statement: %+v", fp)
+	}
+	for _, d := range []dialect.Dialect{pgdialect.New(), mysqldialect.New(), edited{Dialect: sqlitedialect.New()}} {
+		if fp := dialect.FastPathOf(d); fp != (dialect.FastPath{}) {
+			t.Errorf("FastPathOf(%s) = %+v, want none", d.Name(), fp)
+		}
+	}
+}

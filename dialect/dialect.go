@@ -300,13 +300,6 @@ type Statements struct {
 	// request when no exclusive holder remains and no live marker exists. A
 	// grant takes a fencing token greater than every token granted before.
 	Acquire []string
-	// Probe is an optional read-only query run before the Acquire script
-	// when the attempt has no marker or watch to write (@marker_us and
-	// @watch_us are 0): it returns the same refusal rows as Acquire for the
-	// live leases and markers that block the request, and no row when the
-	// key looks free (the engine then runs Acquire). A refused poll then
-	// takes no write lock. Parameters as Acquire.
-	Probe string
 	// BeginWrite opens a write transaction for a multi-statement Acquire
 	// ("BEGIN IMMEDIATE" on SQLite). Empty means the driver's BeginTx.
 	BeginWrite string
@@ -388,37 +381,12 @@ type Statements struct {
 	// a caller without a live ticket (a try) counts as behind every ticket.
 	// A grant deletes the caller's ticket. The pending-writer marker is set
 	// only when no ticket is ahead of the caller. A refused attempt with
-	// @ticket_us, @marker_us and @watch_us all 0 writes nothing. Optional
-	// with CapFIFO.
+	// @ticket_us, @marker_us and @watch_us all 0 writes nothing. Optional;
+	// setting it gives CapFIFO.
 	AcquireFIFO []string
-	// ProbeFIFO is Probe for AcquireFIFO (optional; parameters as
-	// AcquireFIFO, run only when @ticket_us, @marker_us and @watch_us are
-	// 0): the refusal rows, ticket rows included, or no row when the
-	// request looks grantable.
-	ProbeFIFO string
 	// Dequeue deletes the ticket @ticket_id (a FIFO waiter gives up; SPEC
 	// W6). Required with AcquireFIFO.
 	Dequeue string
-
-	// Grant is an optional one-statement fast path for the uncontended
-	// case, run alone in autocommit (parameters as Acquire): it grants the
-	// request exactly when Acquire would, taking over expired holders and
-	// markers of @key and clearing the caller's own marker, and returns
-	// Acquire's granted row; otherwise it returns no row and changes
-	// nothing that blocks or grants (SPEC S1, S2, S3, W1). The engine runs
-	// it before Acquire (after a Probe that found no blocker, or first on a
-	// blocking acquire's first attempt) and runs Acquire when it returns no
-	// row. Not used for FIFO acquires.
-	Grant string
-	// Mark is an optional one-statement marker refresh, run alone in
-	// autocommit by a blocked exclusive waiter after Probe reported
-	// blockers and @marker_us > 0: it sets or refreshes the caller's
-	// pending-writer marker on @key (@lease_id, @owner, expiry now +
-	// @marker_us) unless another waiter's live marker holds the claim (an
-	// expired one is taken over), and returns one row (expires_us, now_us)
-	// when the caller's marker is set, none otherwise (SPEC W1). Without it
-	// the engine runs the Acquire script to refresh a marker.
-	Mark string
 
 	// Primary is an optional query, without parameters or names, that
 	// lock.New and migrate.Up run before anything else: one row of two

@@ -255,7 +255,7 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 }
 
 func (l *Locker) compile() error {
-	s := l.d.Statements()
+	s, fp := l.d.Statements(), dialect.FastPathOf(l.d)
 	one := func(name, text string, required bool) (stmt, error) {
 		if text == "" {
 			if required {
@@ -300,7 +300,7 @@ func (l *Locker) compile() error {
 		dst      *stmt
 		required bool
 	}{
-		{"Probe", s.Probe, &l.st.probe, false},
+		{"Probe", fp.Probe, &l.st.probe, false},
 		{"Renew", s.Renew, &l.st.renew, true},
 		{"RenewBatch", s.RenewBatch, &l.st.renewBatch, false},
 		{"Release", s.Release, &l.st.release, true},
@@ -308,10 +308,10 @@ func (l *Locker) compile() error {
 		{"Fence", s.Fence, &l.st.fence, false},
 		{"Holders", s.Holders, &l.st.holders, false},
 		{"CountRows", s.CountRows, &l.st.countRows, false},
-		{"ProbeFIFO", s.ProbeFIFO, &l.st.probeFIFO, false},
+		{"ProbeFIFO", fp.ProbeFIFO, &l.st.probeFIFO, false},
 		{"Dequeue", s.Dequeue, &l.st.dequeue, false}, // with AcquireFIFO: dialect.CheckConsistent
-		{"Grant", s.Grant, &l.st.grant, false},
-		{"Mark", s.Mark, &l.st.mark, false},
+		{"Grant", fp.Grant, &l.st.grant, false},
+		{"Mark", fp.Mark, &l.st.mark, false},
 		{"SeePrimary", s.SeePrimary, &l.st.seePrimary, false},
 	} {
 		if *x.dst, err = one(x.name, x.text, x.required); err != nil {
