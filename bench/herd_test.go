@@ -24,10 +24,10 @@ func TestHerdAttemptMark(t *testing.T) {
 		t.Errorf("PostgreSQL: the acquire statement does not contain %q:\n%s", m, acquire.SQL)
 	}
 	sq := sqlitedialect.New()
-	if m := herdAttemptMark(sq); !strings.HasPrefix(sq.Statements().Probe, m) {
-		t.Errorf("SQLite: the Probe does not start with %q:\n%s", m, sq.Statements().Probe)
+	if m := herdAttemptMark(sq); !strings.HasPrefix(sq.FastPath().Probe, m) {
+		t.Errorf("SQLite: the Probe does not start with %q:\n%s", m, sq.FastPath().Probe)
 	}
-	for _, s := range []string{sq.Statements().Grant, sq.Statements().Mark} {
+	for _, s := range []string{sq.FastPath().Grant, sq.FastPath().Mark} {
 		if strings.Contains(s, herdAttemptMark(sq)) {
 			t.Errorf("SQLite: %q also marks a statement that is not a poll:\n%s", herdAttemptMark(sq), s)
 		}

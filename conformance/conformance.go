@@ -206,7 +206,7 @@ func RunCase(t T, cfg Config, c Case) {
 	if err := cfg.validate(); err != nil {
 		t.Fatalf("%v", err)
 	}
-	if missing := c.Needs &^ cfg.Dialect.Capabilities(); missing != 0 {
+	if missing := c.Needs &^ dialect.CapabilitiesOf(cfg.Dialect); missing != 0 {
 		t.Skipf("dialect %q lacks capability %s", cfg.Dialect.Name(), missing)
 	}
 	e := newEnv(t, cfg, c)

@@ -30,7 +30,7 @@ func init() {
 // handler, leaves nothing behind, and is granted once the application
 // commits.
 func h9WriteLockHeld(e *Env) {
-	if e.Dialect.Capabilities().Has(dialect.CapConcurrentWriters) {
+	if dialect.CapabilitiesOf(e.Dialect).Has(dialect.CapConcurrentWriters) {
 		e.T.Skipf("dialect %q has %s: one transaction's write does not block another's", e.Dialect.Name(), dialect.CapConcurrentWriters)
 	}
 	ctx := e.Ctx()

@@ -153,7 +153,7 @@ func fencedCounterWorker(ctx context.Context, db *sql.DB, d dialect.Dialect, spe
 			}
 		case 3: // a pause inside the fenced transaction, longer than the TTL
 			pause := spec.TTL * 4 / 3
-			if d.Capabilities().Has(dialect.CapFenceIdleTimeout) {
+			if dialect.CapabilitiesOf(d).Has(dialect.CapFenceIdleTimeout) {
 				pause = spec.TTL * 2 / 3 // the database ends a fenced transaction idle for a TTL
 			}
 			if _, err := count(write(lease, pause)); err != nil {

@@ -585,7 +585,7 @@ func w6Capability(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithOwner("w6-cap"))
 	le, err := l.TryAcquire(ctx, "w6/cap", lock.Exclusive, lock.FIFO())
-	if !e.Dialect.Capabilities().Has(dialect.CapFIFO) {
+	if !dialect.CapabilitiesOf(e.Dialect).Has(dialect.CapFIFO) {
 		if !errors.Is(err, errors.ErrUnsupported) {
 			e.T.Errorf("FIFO acquire without CapFIFO: want errors.ErrUnsupported, got %v", err)
 		}

@@ -239,7 +239,7 @@ func leaderTakeover(e *Env, mode string, stop, resume func(*childProc) error) (*
 	end := func() { cancel(); wg.Wait() }
 	time.Sleep(3 * maxBackoff) // the campaign is under way
 	retries := 0
-	if resume != nil && !e.Dialect.Capabilities().Has(dialect.CapConcurrentWriters) {
+	if resume != nil && !dialect.CapabilitiesOf(e.Dialect).Has(dialect.CapConcurrentWriters) {
 		retries = 3
 	}
 	for attempt := 0; ; attempt++ {

@@ -112,7 +112,7 @@ func lcRenewalFault(e *Env, r faultdb.Rule) (remove func()) {
 // after any grant of the attempt was written.
 func lcAcquireSQL(e *Env) string {
 	e.T.Helper()
-	if g := e.Dialect.Statements().Grant; g != "" {
+	if g := dialect.FastPathOf(e.Dialect).Grant; g != "" {
 		return lcRendered(e, "Grant", g)
 	}
 	s := e.Dialect.Statements().Acquire
@@ -1112,8 +1112,8 @@ func w2PollIntervalCapped(e *Env) {
 	// the two is the waiter's sleep plus at most one statement.
 	st := e.Dialect.Statements()
 	var probes, firsts, lasts atomic.Int64
-	if st.Probe != "" {
-		e.Faults.Add(faultdb.Rule{Match: lcRendered(e, "Probe", st.Probe), Action: faultdb.Delay, Hits: &probes})
+	if p := dialect.FastPathOf(e.Dialect).Probe; p != "" {
+		e.Faults.Add(faultdb.Rule{Match: lcRendered(e, "Probe", p), Action: faultdb.Delay, Hits: &probes})
 	}
 	first, last := lcRendered(e, "Acquire", st.Acquire[0]), lcRendered(e, "Acquire", st.Acquire[len(st.Acquire)-1])
 	e.Faults.Add(faultdb.Rule{Match: first, Action: faultdb.Delay, Hits: &firsts})
@@ -1413,7 +1413,7 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 	}
 	other := e.NewLocker(nil, lock.WithTTL(ttl))
 	keys := []string{"x", "s"}
-	fifo := e.Dialect.Capabilities().Has(dialect.CapFIFO)
+	fifo := dialect.CapabilitiesOf(e.Dialect).Has(dialect.CapFIFO)
 	if fifo {
 		keys = append(keys, "q")
 	}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/lock"
 )
 
@@ -350,8 +351,8 @@ func w5Refused(e *Env) {
 	// once a poll was sent, it is waiting.
 	polls := func() int {
 		n := e.Faults.Count(lcAcquireSQL(e))
-		if st := e.Dialect.Statements(); st.Probe != "" {
-			n += e.Faults.Count(lcRendered(e, "Probe", st.Probe))
+		if p := dialect.FastPathOf(e.Dialect).Probe; p != "" {
+			n += e.Faults.Count(lcRendered(e, "Probe", p))
 		}
 		return n
 	}

@@ -701,7 +701,7 @@ const stgChurnBudget = 3 * time.Minute
 // stgWriters is how many goroutines write at once in bulk cases: 8, or 2
 // where the database serializes writers (more only queue on its lock).
 func stgWriters(e *Env) int {
-	if e.Dialect.Capabilities().Has(dialect.CapConcurrentWriters) {
+	if dialect.CapabilitiesOf(e.Dialect).Has(dialect.CapConcurrentWriters) {
 		return 8
 	}
 	return 2

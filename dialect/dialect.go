@@ -2,7 +2,7 @@
 // database: a Dialect contributes the SQL text of every engine operation, the
 // goose migrations that create the lock tables, identifier quoting and error
 // classification. The engine in package lock runs that SQL and never branches
-// on a dialect's name, only on the Capabilities it declares.
+// on a dialect's name, only on its capabilities (CapabilitiesOf).
 //
 // The built-in dialects live in dialect/pgdialect (PostgreSQL),
 // dialect/mysqldialect (MySQL, MariaDB) and dialect/sqlitedialect (SQLite). A third-party dialect is a value that
@@ -66,8 +66,10 @@ import (
 type Dialect interface {
 	// Name is the registry name ("postgres", "sqlite"): lower case, unique.
 	Name() string
-	// Capabilities declares what the dialect's SQL supports; the engine and
-	// the conformance suite branch on these flags only.
+	// Capabilities declares what the dialect's SQL supports that the
+	// engine cannot see from what it implements (CapNotify and CapFIFO are
+	// derived instead: see CapabilitiesOf, which the engine and the
+	// conformance suite branch on).
 	Capabilities() Capabilities
 	// QuoteIdent quotes one identifier (no dots) for use in SQL text.
 	QuoteIdent(name string) string
@@ -143,13 +145,14 @@ const (
 	// moment (PostgreSQL). Without it the database serializes writers and
 	// tests that need two concurrent write transactions are skipped.
 	CapConcurrentWriters
-	// CapNotify: Release notifies waiters on @channel, and the dialect
-	// implements Listener, so waiters are woken at once instead of at their
-	// next poll.
+	// CapNotify is derived, never declared: CapabilitiesOf sets it when the
+	// dialect implements Listener (Release then notifies waiters on
+	// @channel, so they are woken at once instead of at their next poll).
 	CapNotify
-	// CapFIFO: the dialect has Statements.AcquireFIFO and Dequeue (and
-	// lists tickets in Holders), so acquires can wait in a strict FIFO
-	// queue of ticket rows per key (SPEC W6).
+	// CapFIFO is derived, never declared: CapabilitiesOf sets it when
+	// Statements.AcquireFIFO is set (with Dequeue, and tickets listed in
+	// Holders), so acquires can wait in a strict FIFO queue of ticket rows
+	// per key (SPEC W6).
 	CapFIFO
 	// CapFenceIdleTimeout: Statements.Fence makes the database end the
 	// caller's transaction when it sits idle for about the lease TTL
@@ -160,10 +163,11 @@ const (
 	CapFenceIdleTimeout
 )
 
-// Listener is implemented by dialects with CapNotify: Listen turns conn
+// Listener is implemented by dialects with push wake-ups (CapNotify, which
+// implementing it gives): Listen turns conn
 // (a connection the engine dedicates to it) into a listener on channel,
-// calls ready once it listens, then calls deliver with the payload (a key)
-// of every notification until ctx ends or the connection fails. It returns
+// calls ready once it listens, then calls deliver with the payload (see
+// Wake and ParseWake) of every notification until ctx ends or the connection fails. It returns
 // an error matching errors.ErrUnsupported when the connection's driver
 // cannot receive notifications (the engine then polls).
 type Listener interface {
@@ -308,13 +312,6 @@ type Statements struct {
 	// and ProbeFIFO are then not run for limited requests unless they bind
 	// it too (and must then refuse as Acquire does).
 	Acquire []string
-	// Probe is an optional read-only query run before the Acquire script
-	// when the attempt has no marker or watch to write (@marker_us and
-	// @watch_us are 0): it returns the same refusal rows as Acquire for the
-	// live leases and markers that block the request, and no row when the
-	// key looks free (the engine then runs Acquire). A refused poll then
-	// takes no write lock. Parameters as Acquire.
-	Probe string
 	// BeginWrite opens a write transaction for a multi-statement Acquire
 	// ("BEGIN IMMEDIATE" on SQLite). Empty means the driver's BeginTx.
 	BeginWrite string
@@ -342,9 +339,9 @@ type Statements struct {
 	// only to undo an acquire whose reply it never saw (lease IDs are random
 	// and never reused). A dialect with CapNotify also notifies @channel
 	// in the same statement, at least when a waiter of the key may be
-	// granted now; the payload is the key, or, to wake only the waiter of
-	// the key's live pending-writer marker, "\x1e" + its waiter ID +
-	// "\x1e" + the key (a hint: waiters also poll). The engine runs it
+	// granted now, with a Wake payload: the key, and the waiter ID of the
+	// key's live pending-writer marker to wake only that waiter (a hint:
+	// waiters also poll). The engine runs it
 	// alone in autocommit, so it may commit without waiting for
 	// durability (PostgreSQL: synchronous_commit off for its transaction):
 	// a release lost in a crash leaves the lease to expire, provided grants
@@ -397,37 +394,12 @@ type Statements struct {
 	// a caller without a live ticket (a try) counts as behind every ticket.
 	// A grant deletes the caller's ticket. The pending-writer marker is set
 	// only when no ticket is ahead of the caller. A refused attempt with
-	// @ticket_us, @marker_us and @watch_us all 0 writes nothing. Optional
-	// with CapFIFO.
+	// @ticket_us, @marker_us and @watch_us all 0 writes nothing. Optional;
+	// setting it gives CapFIFO.
 	AcquireFIFO []string
-	// ProbeFIFO is Probe for AcquireFIFO (optional; parameters as
-	// AcquireFIFO, run only when @ticket_us, @marker_us and @watch_us are
-	// 0): the refusal rows, ticket rows included, or no row when the
-	// request looks grantable.
-	ProbeFIFO string
 	// Dequeue deletes the ticket @ticket_id (a FIFO waiter gives up; SPEC
 	// W6). Required with AcquireFIFO.
 	Dequeue string
-
-	// Grant is an optional one-statement fast path for the uncontended
-	// case, run alone in autocommit (parameters as Acquire): it grants the
-	// request exactly when Acquire would, taking over expired holders and
-	// markers of @key and clearing the caller's own marker, and returns
-	// Acquire's granted row; otherwise it returns no row and changes
-	// nothing that blocks or grants (SPEC S1, S2, S3, W1). The engine runs
-	// it before Acquire (after a Probe that found no blocker, or first on a
-	// blocking acquire's first attempt) and runs Acquire when it returns no
-	// row. Not used for FIFO acquires.
-	Grant string
-	// Mark is an optional one-statement marker refresh, run alone in
-	// autocommit by a blocked exclusive waiter after Probe reported
-	// blockers and @marker_us > 0: it sets or refreshes the caller's
-	// pending-writer marker on @key (@lease_id, @owner, expiry now +
-	// @marker_us) unless another waiter's live marker holds the claim (an
-	// expired one is taken over), and returns one row (expires_us, now_us)
-	// when the caller's marker is set, none otherwise (SPEC W1). Without it
-	// the engine runs the Acquire script to refresh a marker.
-	Mark string
 
 	// Primary is an optional query, without parameters or names, that
 	// lock.New and migrate.Up run before anything else: one row of two

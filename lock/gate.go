@@ -26,7 +26,7 @@ var gates sync.Map // *sql.DB -> chan struct{}
 // is keyed by the Locker's main pool, whichever pool the write goes
 // through, so writes through WithRenewDB's pool queue on the same gate.
 func (l *Locker) enter(ctx context.Context) (func(), error) {
-	if l.d.Capabilities().Has(dialect.CapConcurrentWriters) {
+	if l.caps.Has(dialect.CapConcurrentWriters) {
 		return func() {}, nil
 	}
 	g, ok := gates.Load(l.db)

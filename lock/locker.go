@@ -117,6 +117,7 @@ type Locker struct {
 	db      *sql.DB
 	renewDB *sql.DB
 	d       dialect.Dialect
+	caps    dialect.Capabilities // dialect.CapabilitiesOf(d)
 	cfg     config
 	channel string // cfg.ns.Channel(): the release notification channel
 	st      statements
@@ -198,6 +199,9 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 			return nil, dialect.Relabel(err, "lock")
 		}
 	}
+	if err := dialect.CheckConsistent(d); err != nil {
+		return nil, fmt.Errorf("lock: %w", err)
+	}
 	var cfg config
 	for i, o := range opts {
 		if o == nil {
@@ -208,7 +212,7 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 	if err := cfg.finish(d); err != nil {
 		return nil, err
 	}
-	l := &Locker{db: db, renewDB: db, d: d, cfg: cfg, channel: cfg.ns.Channel(), active: map[string]*heldKey{}, leases: map[*Lease]struct{}{}, rlimit: renewBatchSize}
+	l := &Locker{db: db, renewDB: db, d: d, caps: dialect.CapabilitiesOf(d), cfg: cfg, channel: cfg.ns.Channel(), active: map[string]*heldKey{}, leases: map[*Lease]struct{}{}, rlimit: renewBatchSize}
 	l.boxed = boxed{owner: cfg.owner, ttlUS: cfg.ttl.Microseconds(), channel: l.channel}
 	l.closing, l.closeNow = context.WithCancelCause(context.Background())
 	if cfg.renewDB != nil {
@@ -251,7 +255,7 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 }
 
 func (l *Locker) compile() error {
-	s := l.d.Statements()
+	s, fp := l.d.Statements(), dialect.FastPathOf(l.d)
 	one := func(name, text string, required bool) (stmt, error) {
 		if text == "" {
 			if required {
@@ -296,7 +300,7 @@ func (l *Locker) compile() error {
 		dst      *stmt
 		required bool
 	}{
-		{"Probe", s.Probe, &l.st.probe, false},
+		{"Probe", fp.Probe, &l.st.probe, false},
 		{"Renew", s.Renew, &l.st.renew, true},
 		{"RenewBatch", s.RenewBatch, &l.st.renewBatch, false},
 		{"Release", s.Release, &l.st.release, true},
@@ -304,10 +308,10 @@ func (l *Locker) compile() error {
 		{"Fence", s.Fence, &l.st.fence, false},
 		{"Holders", s.Holders, &l.st.holders, false},
 		{"CountRows", s.CountRows, &l.st.countRows, false},
-		{"ProbeFIFO", s.ProbeFIFO, &l.st.probeFIFO, false},
-		{"Dequeue", s.Dequeue, &l.st.dequeue, len(s.AcquireFIFO) > 0},
-		{"Grant", s.Grant, &l.st.grant, false},
-		{"Mark", s.Mark, &l.st.mark, false},
+		{"ProbeFIFO", fp.ProbeFIFO, &l.st.probeFIFO, false},
+		{"Dequeue", s.Dequeue, &l.st.dequeue, false}, // with AcquireFIFO: dialect.CheckConsistent
+		{"Grant", fp.Grant, &l.st.grant, false},
+		{"Mark", fp.Mark, &l.st.mark, false},
 		{"SeePrimary", s.SeePrimary, &l.st.seePrimary, false},
 	} {
 		if *x.dst, err = one(x.name, x.text, x.required); err != nil {

@@ -285,8 +285,8 @@ func (c *config) finish(d dialect.Dialect) error {
 	if err := c.checkFailoverPause(d); err != nil {
 		return err
 	}
-	if c.listenDB != nil && !d.Capabilities().Has(dialect.CapNotify) {
-		return inputErr("listen pool", "a *sql.DB", fmt.Sprintf("none: dialect %q has no notifications (CapNotify)", d.Name()))
+	if c.listenDB != nil && !dialect.CapabilitiesOf(d).Has(dialect.CapNotify) {
+		return inputErr("listen pool", "a *sql.DB", fmt.Sprintf("none: dialect %q has no notifications (it does not implement dialect.Listener)", d.Name()))
 	}
 	if err := positive("notify poll interval", &c.notifyPoll, min(3*time.Second, c.ttl), c.ttl); err != nil {
 		return err

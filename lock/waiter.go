@@ -87,7 +87,7 @@ func (l *Locker) newWaiter(ctx context.Context, key string, mode Mode, activeID 
 		w.limit = int64(ac.limit)
 	}
 	if wait {
-		if l.d.Capabilities().Has(dialect.CapNotify) {
+		if l.caps.Has(dialect.CapNotify) {
 			w.watchUS = watchTTL.Microseconds()
 		}
 		w.hw, w.stopWaiting = l.waitStart(key, activeID)

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -249,21 +248,6 @@ func (b *watchBudget) take(now time.Time, rate, burst float64) (time.Duration, b
 	return max(time.Duration((b.spent+1-burst)*every), time.Millisecond), false
 }
 
-// wakeSep frames the target of a release notification: a payload of the
-// form wakeSep + waiterID + wakeSep + key names the waiter to wake; any
-// other payload is a key (see dialect.Statements.Release).
-const wakeSep = "\x1e"
-
-// parseWake splits a release notification payload into key and target.
-func parseWake(payload string) (key, target string) {
-	if rest, ok := strings.CutPrefix(payload, wakeSep); ok {
-		if t, k, ok := strings.Cut(rest, wakeSep); ok {
-			return k, t
-		}
-	}
-	return payload, ""
-}
-
 // listener is one listening connection of a pool for a namespace.
 type listener struct {
 	waiters   int
@@ -338,7 +322,6 @@ func (l *Locker) waitStart(key, id string) (*hubWaiter, func()) {
 // Locker of the pool closes while it has none.
 func (l *Locker) listenStart() func() {
 	dl, push := l.d.(dialect.Listener)
-	push = push && l.d.Capabilities().Has(dialect.CapNotify)
 	cw, watch := l.d.(dialect.ChangeWatcher)
 	if !push && !watch {
 		return func() {}
@@ -451,7 +434,7 @@ func (ln *listener) run(ctx context.Context, k listenerKey, dl dialect.Listener,
 	for ctx.Err() == nil {
 		conn, err := k.db.Conn(ctx)
 		if err == nil {
-			err = dl.Listen(ctx, conn, channel, func(p string) { key, target := parseWake(p); hubWake(channel, key, target) }, func() { ln.setListening(k, true) })
+			err = dl.Listen(ctx, conn, channel, func(p string) { w := dialect.ParseWake(p); hubWake(channel, w.Key, w.WaiterID) }, func() { ln.setListening(k, true) })
 			_ = conn.Close()
 		}
 		ln.setListening(k, false)

@@ -67,17 +67,18 @@ func (Dialect) Name() string { return Name }
 // prints as its name with fmt's %v.
 func (Dialect) String() string { return Name }
 
-// Capabilities: schemas, row-lock fences bounded by an idle timeout,
-// concurrent writers, release notifications and FIFO tickets. Migrations are
+// Capabilities: schemas, row-lock fences bounded by an idle timeout and
+// concurrent writers (release notifications and FIFO tickets are derived
+// from Listen and Statements.AcquireFIFO). Migrations are
 // serialized by MigrationLocker, a table lock (not a session advisory lock,
 // which PgBouncer's transaction pooling breaks).
 func (Dialect) Capabilities() dialect.Capabilities {
-	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapNotify |
-		dialect.CapFIFO | dialect.CapFenceIdleTimeout
+	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapFenceIdleTimeout
 }
 
 // Listen makes conn LISTEN on channel and delivers notification payloads
-// (keys released) until ctx ends. It needs the pgx driver (v5 stdlib): it
+// (dialect.Wake payloads of keys released) until ctx ends. It needs the pgx
+// driver (v5 stdlib): it
 // reaches the native *pgx.Conn through sql.Conn.Raw, unwrapping wrapping
 // drivers that have an Unwrap() driver.Conn method. Other drivers get
 // errors.ErrUnsupported, and waiters poll. conn must be a direct session:
@@ -240,7 +241,7 @@ RETURNING h.lease_id, {to_us}(h.expires_at) AS expires_us, {to_us}(clock_timesta
 		// DELETE and one watches index lookup. {wake} notifies when no
 		// other live holder of the key remains (nothing waiting could be
 		// granted then); the payload names the key's marked waiter when
-		// there is one (chr(30) framing, see dialect.Statements.Release),
+		// there is one (a dialect.Wake payload: chr(30) framing),
 		// so only its process wakes it (SPEC W1), and the watch then stays
 		// for the waiters not woken. Otherwise the watch is consumed: the
 		// woken waiters that stay blocked renew it on their attempt.

@@ -195,24 +195,24 @@ func TestReleaseWakesOnlyWatchedKeys(t *testing.T) {
 	}
 
 	cases := []struct {
-		name        string
-		st          state
-		lease       string
-		token       int64
-		wantRows    int
-		wantPayload string // with key for %s
-		wantWatch   int
+		name      string
+		st        state
+		lease     string
+		token     int64
+		wantRows  int
+		wake      *dialect.Wake // the notification, without its key; nil: none
+		wantWatch int
 	}{
-		{"unwatched", state{holders: []string{"x:L:live"}}, "L", 1, 1, "", 0},
-		{"watch expired", state{holders: []string{"x:L:live"}, watch: "expired"}, "L", 1, 1, "", 1},
-		{"watched, last lease", state{holders: []string{"x:L:live"}, watch: "live"}, "L", 1, 1, "%s", 0},
-		{"watched, expired lease released", state{holders: []string{"x:L:expired"}, watch: "live"}, "L", 0, 1, "%s", 0},
-		{"watched, other lease expired", state{holders: []string{"s:L:live", "s:O:expired"}, watch: "live"}, "L", 1, 1, "%s", 0},
-		{"watched, marked", state{holders: []string{"x:L:live"}, watch: "live", marker: "live"}, "L", 1, 1, "\x1eW1\x1e%s", 1},
-		{"watched, marker expired", state{holders: []string{"x:L:live"}, watch: "live", marker: "expired"}, "L", 1, 1, "%s", 0},
-		{"watched, another shared lease live", state{holders: []string{"s:L:live", "s:O:live"}, watch: "live"}, "L", 1, 1, "", 1},
-		{"wrong token", state{holders: []string{"x:L:live"}, watch: "live"}, "L", 2, 0, "", 1},
-		{"unknown lease", state{watch: "live"}, "nobody", 0, 0, "", 1},
+		{"unwatched", state{holders: []string{"x:L:live"}}, "L", 1, 1, nil, 0},
+		{"watch expired", state{holders: []string{"x:L:live"}, watch: "expired"}, "L", 1, 1, nil, 1},
+		{"watched, last lease", state{holders: []string{"x:L:live"}, watch: "live"}, "L", 1, 1, &dialect.Wake{}, 0},
+		{"watched, expired lease released", state{holders: []string{"x:L:expired"}, watch: "live"}, "L", 0, 1, &dialect.Wake{}, 0},
+		{"watched, other lease expired", state{holders: []string{"s:L:live", "s:O:expired"}, watch: "live"}, "L", 1, 1, &dialect.Wake{}, 0},
+		{"watched, marked", state{holders: []string{"x:L:live"}, watch: "live", marker: "live"}, "L", 1, 1, &dialect.Wake{WaiterID: "W1"}, 1},
+		{"watched, marker expired", state{holders: []string{"x:L:live"}, watch: "live", marker: "expired"}, "L", 1, 1, &dialect.Wake{}, 0},
+		{"watched, another shared lease live", state{holders: []string{"s:L:live", "s:O:live"}, watch: "live"}, "L", 1, 1, nil, 1},
+		{"wrong token", state{holders: []string{"x:L:live"}, watch: "live"}, "L", 2, 0, nil, 1},
+		{"unknown lease", state{watch: "live"}, "nobody", 0, 0, nil, 1},
 	}
 	for i, c := range cases {
 		key := fmt.Sprintf("wake%d", i)
@@ -225,8 +225,8 @@ func TestReleaseWakesOnlyWatchedKeys(t *testing.T) {
 			t.Errorf("%s: release returned %d rows, want %d", c.name, n, c.wantRows)
 		}
 		want := ""
-		if c.wantPayload != "" {
-			want = fmt.Sprintf(c.wantPayload, key)
+		if c.wake != nil {
+			want = dialect.Wake{Key: key, WaiterID: c.wake.WaiterID}.Payload()
 		}
 		wait := 3 * time.Second
 		if want == "" {

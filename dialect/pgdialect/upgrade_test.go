@@ -383,7 +383,7 @@ func TestUpgradeToVersion8ReleasesWithWake(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	n, err := listener.WaitForNotification(wctx)
 	cancel()
-	if err != nil || n.Payload != "\x1eL-waiter\x1eup8" {
+	if err != nil || n.Payload != (dialect.Wake{Key: "up8", WaiterID: "L-waiter"}).Payload() {
 		t.Fatalf("notification of the old build's release: %+v, %v; want the marked waiter named", n, err)
 	}
 	var next int64

@@ -120,7 +120,7 @@ func grantDiff(t *testing.T, drv string) {
 		t.Fatal(err)
 	}
 	params := []string{"key", "mode", "lease_id", "owner", "ttl_us", "token", "channel"}
-	newS, err := dialect.Compile(d, dialect.Namespace{}, d.Statements().Grant, params)
+	newS, err := dialect.Compile(d, dialect.Namespace{}, d.FastPath().Grant, params)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,15 +29,15 @@ func TestHotStatementsNeedNoEphemeralTable(t *testing.T) {
 	if _, err := migrate.Up(ctx, db, d); err != nil {
 		t.Fatal(err)
 	}
-	st := d.Statements()
+	st, fp := d.Statements(), d.FastPath()
 	params := []string{"key", "mode", "lease_id", "owner", "ttl_us", "token", "channel", dialect.ParamSharedLimit}
 	for _, tc := range []struct {
 		name     string
 		template string
 		want     int // OpenEphemeral instructions
 	}{
-		{"Probe", st.Probe, 0},
-		{"Grant", st.Grant, 1},
+		{"Probe", fp.Probe, 0},
+		{"Grant", fp.Grant, 1},
 		{"Release", st.Release, 1},
 	} {
 		s, err := dialect.Compile(d, dialect.Namespace{}, tc.template, params)

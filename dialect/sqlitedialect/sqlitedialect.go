@@ -76,10 +76,10 @@ func (Dialect) Name() string { return Name }
 // prints as its name with fmt's %v.
 func (Dialect) String() string { return Name }
 
-// Capabilities: write-lock fences and FIFO tickets (no schemas, one writer
-// at a time).
+// Capabilities: write-lock fences (no schemas, one writer at a time; FIFO
+// tickets are derived from Statements.AcquireFIFO).
 func (Dialect) Capabilities() dialect.Capabilities {
-	return dialect.CapWriteLockFence | dialect.CapFIFO
+	return dialect.CapWriteLockFence
 }
 
 // QuoteIdent double-quotes name, doubling embedded quotes.
@@ -270,25 +270,6 @@ const (
 // Statements returns the SQLite statement templates.
 func (Dialect) Statements() dialect.Statements {
 	return dialect.Statements{
-		// A refused poll is one read, without the write lock.
-		//
-		// No CTE and no INSERT ... SELECT on the hot path: SQLite
-		// materializes a CTE read twice, and the SELECT of an INSERT that
-		// reads the target table, into an ephemeral table, which costs
-		// several times the statement itself (a fresh page cache per run).
-		Probe: `SELECT 0 AS granted, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + ` AS now_us
-FROM {holders} h
-WHERE ` + probeHolder + `
-UNION ALL
-SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
-FROM {markers} m
-WHERE ` + probeMarker + `
-UNION ALL
-SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
-FROM {markers} m
-WHERE m.lock_key = @key AND m.waiter_id = @lease_id AND m.expires_us > ` + now + `
-  AND (EXISTS (SELECT 1 FROM {holders} h WHERE ` + probeHolder + `)
-    OR EXISTS (SELECT 1 FROM {markers} m WHERE ` + probeMarker + `))`,
 		BeginWrite: "BEGIN IMMEDIATE",
 		Acquire: []string{
 			// Takeover of expired holders and markers of this key.
@@ -358,24 +339,6 @@ ORDER BY 1, 5`,
 			`DELETE FROM {holders} WHERE lease_id IN (SELECT lease_id FROM {holders} WHERE expires_us <= ` + now + ` LIMIT @limit)`,
 		},
 		CountRows: `SELECT (SELECT count(*) FROM {holders}) + (SELECT count(*) FROM {markers}) + (SELECT count(*) FROM {tickets})`,
-		// FIFO waiters (SPEC W6): a refused poll is one read.
-		ProbeFIFO: `WITH b AS (
-    SELECT 0 AS granted, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + ` AS now_us
-    FROM {holders} h
-    WHERE ` + probeHolder + `
-    UNION ALL
-    SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
-    FROM {markers} m
-    WHERE m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id
-    UNION ALL
-    SELECT 0, t.ticket_id, 'q', t.owner, t.seq, t.expires_us, ` + now + `
-    ` + ticketsAhead + `
-)
-SELECT * FROM b
-UNION ALL
-SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
-FROM {markers} m
-WHERE m.lock_key = @key AND m.waiter_id = @lease_id AND m.expires_us > ` + now + ` AND EXISTS (SELECT 1 FROM b)`,
 		AcquireFIFO: []string{
 			`DELETE FROM {holders} WHERE lock_key = @key AND expires_us <= ` + now,
 			`DELETE FROM {markers} WHERE lock_key = @key AND expires_us <= ` + now,
@@ -423,6 +386,52 @@ SELECT 0, t.ticket_id, 'q', t.owner, t.seq, t.expires_us, ` + now + `
   AND NOT EXISTS (SELECT 1 FROM {holders} g WHERE g.lease_id = @lease_id)`,
 		},
 		Dequeue: `DELETE FROM {tickets} WHERE ticket_id = @ticket_id`,
+	}
+}
+
+// FastPath returns SQLite's one-statement shortcuts (dialect.FastPather):
+// the Acquire script takes the database's one write lock, so a refused
+// poll is a read (Probe, ProbeFIFO), an uncontended grant one statement
+// (Grant) and a marker refresh one statement (Mark).
+func (Dialect) FastPath() dialect.FastPath {
+	return dialect.FastPath{
+		// A refused poll is one read, without the write lock.
+		//
+		// No CTE and no INSERT ... SELECT on the hot path: SQLite
+		// materializes a CTE read twice, and the SELECT of an INSERT that
+		// reads the target table, into an ephemeral table, which costs
+		// several times the statement itself (a fresh page cache per run).
+		Probe: `SELECT 0 AS granted, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + ` AS now_us
+FROM {holders} h
+WHERE ` + probeHolder + `
+UNION ALL
+SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
+FROM {markers} m
+WHERE ` + probeMarker + `
+UNION ALL
+SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
+FROM {markers} m
+WHERE m.lock_key = @key AND m.waiter_id = @lease_id AND m.expires_us > ` + now + `
+  AND (EXISTS (SELECT 1 FROM {holders} h WHERE ` + probeHolder + `)
+    OR EXISTS (SELECT 1 FROM {markers} m WHERE ` + probeMarker + `))`,
+		// FIFO waiters (SPEC W6): a refused poll is one read.
+		ProbeFIFO: `WITH b AS (
+    SELECT 0 AS granted, h.lease_id, h.mode, h.owner, h.token, h.expires_us, ` + now + ` AS now_us
+    FROM {holders} h
+    WHERE ` + probeHolder + `
+    UNION ALL
+    SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
+    FROM {markers} m
+    WHERE m.lock_key = @key AND m.expires_us > ` + now + ` AND m.waiter_id <> @lease_id
+    UNION ALL
+    SELECT 0, t.ticket_id, 'q', t.owner, t.seq, t.expires_us, ` + now + `
+    ` + ticketsAhead + `
+)
+SELECT * FROM b
+UNION ALL
+SELECT 0, m.waiter_id, 'w', m.owner, 0, m.expires_us, ` + now + `
+FROM {markers} m
+WHERE m.lock_key = @key AND m.waiter_id = @lease_id AND m.expires_us > ` + now + ` AND EXISTS (SELECT 1 FROM b)`,
 		// The uncontended grant in one autocommit statement: expired
 		// holders and markers do not block it, and the takeover trigger
 		// deletes them (and the caller's own marker) in the same
