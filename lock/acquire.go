@@ -490,7 +490,7 @@ func (l *Locker) freshen(ctx context.Context, res *acquireResult, send *time.Tim
 	defer leave()
 	t := time.Now()
 	var exp, now int64
-	err = queryOne(rctx, l.renewDB, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+	err = queryOne(rctx, l.st.replicated, l.renewDB, l.st.renew.SQL, l.st.renew.Args(map[string]any{
 		"lease_id": res.lease.LeaseID, "token": res.lease.Token, "ttl_us": l.cfg.ttl.Microseconds(),
 	}), &exp, &now)
 	if err != nil {

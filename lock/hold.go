@@ -229,7 +229,7 @@ func (l *Locker) renewRow(ctx context.Context, le *Lease, ttl time.Duration) (ex
 	}
 	defer done()
 	args := l.st.renew.Args(map[string]any{"lease_id": le.id, "token": le.token, "ttl_us": max(ttl.Microseconds(), 1)})
-	err = queryOne(ctx, conn, l.st.renew.SQL, args, &exp, &now)
+	err = queryOne(ctx, l.st.replicated, conn, l.st.renew.SQL, args, &exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, 0, 0, nil
 	}

@@ -295,7 +295,7 @@ func (le *Lease) renewOnce(ctx context.Context, db *sql.DB) error {
 		return nil // at its end of life (SPEC H10): the watchdog ends it
 	}
 	var exp, now int64
-	err = queryOne(rctx, db, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+	err = queryOne(rctx, l.st.replicated, db, l.st.renew.SQL, l.st.renew.Args(map[string]any{
 		"lease_id": le.id, "token": le.token, "ttl_us": ttl.Microseconds(),
 	}), &exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -168,8 +168,12 @@ type statements struct {
 	grant, mark                                                               stmt // fast paths
 	seePrimary                                                                stmt
 	beginWrite                                                                string
-	isolation                                                                 sql.IsolationLevel
-	sweepReturnsCount                                                         bool
+	// replicated: the dialect's servers can have replicas (Statements.Primary
+	// is set), so a success reported after its deadline is an unknown
+	// outcome (errUnconfirmed).
+	replicated        bool
+	isolation         sql.IsolationLevel
+	sweepReturnsCount bool
 }
 
 type stmt struct {
@@ -284,6 +288,7 @@ func (l *Locker) compile() error {
 		return out, nil
 	}
 	var err error
+	l.st.replicated = s.Primary != ""
 	l.st.beginWrite, l.st.isolation, l.st.sweepReturnsCount = s.BeginWrite, s.Isolation, s.SweepReturnsCount
 	if l.st.acquire, err = many("Acquire", s.Acquire, true); err != nil {
 		return err

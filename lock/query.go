@@ -100,9 +100,10 @@ func drainResults(rows *sql.Rows) {
 
 // queryOne runs q on db and scans its one row into dest, as QueryRowContext
 // does, but reads the rest of the reply under ctx (drainResults). No row is
-// sql.ErrNoRows; a row that arrived after ctx ended is errUnconfirmed (its
-// commit may have been cancelled while waiting for a synchronous standby).
-func queryOne(ctx context.Context, db interface {
+// sql.ErrNoRows; with strict (a dialect with replicas), a row that arrived
+// after ctx ended is errUnconfirmed (its commit may have been cancelled
+// while waiting for a synchronous standby).
+func queryOne(ctx context.Context, strict bool, db interface {
 	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
 }, q string, args []any, dest ...any) error {
 	rows, err := db.QueryContext(ctx, q, args...)
@@ -120,7 +121,7 @@ func queryOne(ctx context.Context, db interface {
 	if err == nil && !found {
 		err = sql.ErrNoRows
 	}
-	if err == nil && ctx.Err() != nil {
+	if err == nil && strict && ctx.Err() != nil {
 		err = errUnconfirmed
 	}
 	return err

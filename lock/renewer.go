@@ -370,7 +370,7 @@ func (l *Locker) renewOne(conn *sql.Conn, le *Lease, ttl time.Duration) (int64, 
 	ctx, cancel := context.WithTimeout(context.Background(), l.renewTimeoutFor([]*Lease{le}))
 	defer cancel()
 	var exp, now int64
-	err := queryOne(ctx, conn, l.st.renew.SQL, l.st.renew.Args(map[string]any{
+	err := queryOne(ctx, l.st.replicated, conn, l.st.renew.SQL, l.st.renew.Args(map[string]any{
 		"lease_id": le.id, "token": le.token, "ttl_us": ttl.Microseconds(),
 	}), &exp, &now)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -424,7 +424,7 @@ func (l *Locker) renewMany(conn *sql.Conn, leases []*Lease) (map[string]int64, e
 	if err := rows.Close(); err != nil {
 		return nil, err
 	}
-	if ctx.Err() != nil {
+	if l.st.replicated && ctx.Err() != nil {
 		return nil, errUnconfirmed
 	}
 	return out, nil

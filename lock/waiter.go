@@ -153,7 +153,7 @@ func (w *waiter) attempt() (err error) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), timeout)
 	defer cancel()
 	defer func() {
-		if err == nil && w.res.granted && sctx.Err() != nil {
+		if err == nil && w.res.granted && l.st.replicated && sctx.Err() != nil {
 			err = errUnconfirmed
 		}
 		if err != nil && l.d.Classify(err) == dialect.ErrorFailoverPause {
