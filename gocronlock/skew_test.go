@@ -43,7 +43,7 @@ func TestSkewedReplicasAcrossProcesses(t *testing.T) {
 	if _, ok := schedtest.FromEnv(); ok {
 		t.Skip("a child process")
 	}
-	schedtest.EachOf(t, []string{"sqlite", "postgres"}, func(t *testing.T, b schedtest.Backend) {
+	schedtest.Each(t, func(t *testing.T, b schedtest.Backend) {
 		db := b.Open(t)
 		b.CreateRunLog(t, db)
 		first := time.Now().Add(3 * time.Second).Truncate(100 * time.Millisecond)
