@@ -54,7 +54,7 @@ func TestHoldAtMostEndsOverrunningJob(t *testing.T) {
 // with lock.ErrLeaseLost) and campaigns again.
 func TestLeaderOnlyHoldAtMost(t *testing.T) {
 	t.Parallel()
-	schedtest.EachOf(t, []string{"sqlite"}, func(t *testing.T, b schedtest.Backend) {
+	schedtest.Each(t, func(t *testing.T, b schedtest.Backend) {
 		leader := cronlock.LeaderOnly(b.Locker(t, "a"), "cron/leader", cronlock.WithLogger(schedtest.Logger(t)),
 			cronlock.WithAcquireOptions(lock.HoldAtMost(400*time.Millisecond)))
 		defer leader.Stop()

@@ -65,7 +65,7 @@ func TestLocker(t *testing.T) {
 // follower's IsLeader fails with ErrNotLeader and its Job does not run.
 func TestElectorFollower(t *testing.T) {
 	t.Parallel()
-	schedtest.EachOf(t, []string{"sqlite"}, func(t *testing.T, b schedtest.Backend) {
+	schedtest.Each(t, func(t *testing.T, b schedtest.Backend) {
 		ctx := context.Background()
 		lead, err := gocronlock.NewElector(b.Locker(t, "a"), "gocron/leader")
 		if err != nil {

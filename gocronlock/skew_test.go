@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,7 +44,7 @@ func TestSkewedReplicasAcrossProcesses(t *testing.T) {
 	if _, ok := schedtest.FromEnv(); ok {
 		t.Skip("a child process")
 	}
-	schedtest.EachOf(t, []string{"sqlite", "postgres"}, func(t *testing.T, b schedtest.Backend) {
+	schedtest.Each(t, func(t *testing.T, b schedtest.Backend) {
 		db := b.Open(t)
 		b.CreateRunLog(t, db)
 		first := time.Now().Add(3 * time.Second).Truncate(100 * time.Millisecond)
@@ -86,6 +87,10 @@ func TestChildSkewedReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// stopping: Shutdown cancels a run or an acquire still under way (late
+	// on a loaded machine); its context.Canceled is no failure.
+	var stopping atomic.Bool
+	canceled := func(err error) bool { return stopping.Load() && errors.Is(err, context.Canceled) }
 	for key, opts := range jobOptions {
 		gl, err := gocronlock.NewLocker(l, gocronlock.WithAcquireOptions(opts...), gocronlock.WithLogger(schedtest.Logger(t)))
 		if err != nil {
@@ -102,9 +107,14 @@ func TestChildSkewedReplica(t *testing.T) {
 		_, err = s.NewJob(gocron.DurationJob(interval), gocron.NewTask(task), gocron.WithName(key),
 			gocron.WithStartAt(gocron.WithStartDateTime(first.Add(skew))), gocron.WithDistributedJobLocker(gl),
 			gocron.WithEventListeners(gocron.AfterJobRunsWithError(func(_ uuid.UUID, name string, err error) {
-				t.Errorf("job %s: %v", name, err)
+				if !canceled(err) {
+					t.Errorf("job %s: %v", name, err)
+				}
 			}), gocron.AfterLockError(func(_ uuid.UUID, name string, err error) {
-				if !errors.Is(err, lock.ErrLocked) {
+				// ErrLocked: another replica runs the tick. ErrReentrant:
+				// this replica's previous run has not released yet (a slow
+				// release on a loaded machine); both skip the run.
+				if !errors.Is(err, lock.ErrLocked) && !errors.Is(err, lock.ErrReentrant) && !canceled(err) {
 					t.Errorf("job %s: lock: %v", name, err)
 				}
 			})))
@@ -114,6 +124,7 @@ func TestChildSkewedReplica(t *testing.T) {
 	}
 	s.Start()
 	time.Sleep(time.Until(first.Add(ticks*interval - interval/2 + skew)))
+	stopping.Store(true)
 	if err := s.Shutdown(); err != nil {
 		t.Error(err)
 	}

@@ -10,12 +10,13 @@ import (
 )
 
 // TestMain runs a candidate's work when the test binary was started as one
-// (see runCandidate); otherwise it says once when the PostgreSQL tests are
-// skipped and fails the package when a goroutine outlives its tests.
+// (see runCandidate); otherwise it says once when the PostgreSQL or MySQL
+// tests are skipped and fails the package when a goroutine outlives its
+// tests.
 func TestMain(m *testing.M) {
 	if os.Getenv(candidateEnv) != "" {
 		os.Exit(runCandidate())
 	}
-	testnote.Skipped("sqlease/k8slock", testnote.PostgreSQL)
+	testnote.Skipped("sqlease/k8slock", testnote.PostgreSQL, testnote.MySQL)
 	goleak.VerifyTestMain(m)
 }

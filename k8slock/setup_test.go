@@ -2,16 +2,16 @@ package k8slock_test
 
 import (
 	"context"
-	crand "crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
 
+	"github.com/sqlease/sqlease/conformance"
 	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/dialect/mysqldialect"
 	"github.com/sqlease/sqlease/dialect/pgdialect"
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 	"github.com/sqlease/sqlease/k8slock"
@@ -19,17 +19,21 @@ import (
 	"github.com/sqlease/sqlease/migrate"
 )
 
-// backend is one real database: a SQLite file (modernc.org/sqlite), or a
-// fresh schema in the PostgreSQL at SQLEASE_POSTGRES_DSN.
+// backend is one real database: a SQLite file (modernc.org/sqlite), a
+// fresh schema in the PostgreSQL at SQLEASE_POSTGRES_DSN, or a fresh
+// database on the MySQL/MariaDB server at SQLEASE_MYSQL_DSN.
 type backend struct {
-	Driver string // database/sql driver name
+	Driver string // database/sql driver name: "sqlite", "pgx" or "mysql"
 	DSN    string
 	Schema string // "" on SQLite
 }
 
 func (b backend) dialect() dialect.Dialect {
-	if b.Driver == "pgx" {
+	switch b.Driver {
+	case "pgx":
 		return pgdialect.New()
+	case "mysql":
+		return mysqldialect.New()
 	}
 	return sqlitedialect.New()
 }
@@ -39,27 +43,37 @@ func sqliteBackend(t *testing.T) backend {
 }
 
 func postgresBackend(t *testing.T) backend {
-	dsn := conftest.PostgresDSN(t)
-	b := make([]byte, 6)
-	_, _ = crand.Read(b)
-	s := "k8slock_t_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		_ = conftest.DropNamespace("pgx", dsn, "DROP SCHEMA IF EXISTS "+pgdialect.New().QuoteIdent(s)+" CASCADE")
-	})
-	return backend{Driver: "pgx", DSN: dsn, Schema: s}
+	return serverBackend(t, conftest.Postgres(conftest.PostgresDSN(t)))
 }
 
-// forEachBackend runs f as parallel subtests "sqlite" and "postgres" (the
-// latter skipped, with the reason, without SQLEASE_POSTGRES_DSN).
+func mysqlBackend(t *testing.T) backend {
+	return serverBackend(t, conftest.MySQL(conftest.MySQLDSN(t)))
+}
+
+// serverBackend is a fresh sqlease_t_* schema (PostgreSQL) or database
+// (MySQL) of cfg, dropped when t ends.
+func serverBackend(t *testing.T, cfg conformance.Config) backend {
+	d, err := cfg.NewDatabase(t.Context(), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Cleanup)
+	return backend{Driver: cfg.DriverName, DSN: d.DSN, Schema: d.Namespace.Schema}
+}
+
+// forEachBackend runs f as parallel subtests "sqlite", "postgres" and
+// "mysql" (the last two skipped, with the reason, without
+// SQLEASE_POSTGRES_DSN or SQLEASE_MYSQL_DSN).
 func forEachBackend(t *testing.T, f func(t *testing.T, b backend)) {
-	t.Run("sqlite", func(t *testing.T) {
-		t.Parallel()
-		f(t, sqliteBackend(t))
-	})
-	t.Run("postgres", func(t *testing.T) {
-		t.Parallel()
-		f(t, postgresBackend(t))
-	})
+	for _, c := range []struct {
+		name       string
+		newBackend func(*testing.T) backend
+	}{{"sqlite", sqliteBackend}, {"postgres", postgresBackend}, {"mysql", mysqlBackend}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, c.newBackend(t))
+		})
+	}
 }
 
 // open opens a pool on the backend's database; migrated also creates the
@@ -119,7 +133,7 @@ func (b backend) table(name string) string {
 	if b.Schema == "" {
 		return name
 	}
-	return pgdialect.New().QuoteIdent(b.Schema) + "." + name
+	return b.dialect().QuoteIdent(b.Schema) + "." + name
 }
 
 var dollar = regexp.MustCompile(`\$\d+`)
