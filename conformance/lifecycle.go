@@ -54,8 +54,9 @@ func init() {
 }
 
 // lcSlack is added to every upper time bound of this file: the suite runs
-// under -race, cases in parallel, on small machines.
-const lcSlack = 400 * time.Millisecond
+// under -race, cases in parallel, on small loaded machines (a hold case
+// missed 400 ms at load 20 on 2 cores).
+const lcSlack = time.Second
 
 // lcParamRE finds the @param markers of a statement template.
 var lcParamRE = regexp.MustCompile(`@[_a-z0-9]+`)
