@@ -1,6 +1,7 @@
 package mysqldialect_test
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"sync"
@@ -57,7 +58,7 @@ func TestBatchRenewal10000_MySQL(t *testing.T) {
 				le.Orphan()
 			}
 		}
-		_ = l.Close(t.Context())
+		_ = l.Close(context.Background())
 	})
 	start := time.Now()
 	var wg sync.WaitGroup
