@@ -161,11 +161,10 @@ func (r *rawLease) workload(name, prefix string, notify bool) workload {
 	}}
 }
 
-// advisoryWorkload is PostgreSQL's session advisory lock: try-lock and
-// unlock on one pinned connection per client (no lease, no expiry: the
-// lock lives as long as the session). shared selects the shared variants.
-func advisoryWorkload(ctx context.Context, db *sql.DB, clients int, keyBase int64, shared bool) (workload, error) {
-	conns := make([]*sql.Conn, clients)
+// pinnedConns takes n connections of db for the session-lock baselines,
+// and a function that closes them.
+func pinnedConns(ctx context.Context, db *sql.DB, n int) ([]*sql.Conn, func(), error) {
+	conns := make([]*sql.Conn, n)
 	closeAll := func() {
 		for _, c := range conns {
 			if c != nil {
@@ -177,9 +176,20 @@ func advisoryWorkload(ctx context.Context, db *sql.DB, clients int, keyBase int6
 		c, err := db.Conn(ctx)
 		if err != nil {
 			closeAll()
-			return workload{}, err
+			return nil, nil, err
 		}
 		conns[i] = c
+	}
+	return conns, closeAll, nil
+}
+
+// advisoryWorkload is PostgreSQL's session advisory lock: try-lock and
+// unlock on one pinned connection per client (no lease, no expiry: the
+// lock lives as long as the session). shared selects the shared variants.
+func advisoryWorkload(ctx context.Context, db *sql.DB, clients int, keyBase int64, shared bool) (workload, error) {
+	conns, closeAll, err := pinnedConns(ctx, db, clients)
+	if err != nil {
+		return workload{}, err
 	}
 	lockSQL, unlockSQL, name := `SELECT pg_try_advisory_lock($1)`, `SELECT pg_advisory_unlock($1)`, "advisory"
 	if shared {
@@ -203,21 +213,9 @@ func advisoryWorkload(ctx context.Context, db *sql.DB, clients int, keyBase int6
 // one mode: the lock lives as long as the session). Names are prefixed
 // with the run's database, as they are server-wide.
 func getLockWorkload(ctx context.Context, e *env, clients int, prefix string) (workload, error) {
-	conns := make([]*sql.Conn, clients)
-	closeAll := func() {
-		for _, c := range conns {
-			if c != nil {
-				_ = c.Close()
-			}
-		}
-	}
-	for i := range conns {
-		c, err := e.db.Conn(ctx)
-		if err != nil {
-			closeAll()
-			return workload{}, err
-		}
-		conns[i] = c
+	conns, closeAll, err := pinnedConns(ctx, e.db, clients)
+	if err != nil {
+		return workload{}, err
 	}
 	return workload{name: "get_lock", close: closeAll, op: func(ctx context.Context, c int) error {
 		name := e.schema + "/" + prefix + strconv.Itoa(c)

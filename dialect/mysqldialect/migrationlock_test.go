@@ -22,10 +22,9 @@ import (
 	"github.com/sqlease/sqlease/migrate"
 )
 
-// openParseTime opens the shared server with parseTime set as given, and
-// returns the pool with a fresh namespace (a database dropped at the end
-// of t, not created).
-func openParseTime(t *testing.T, parseTime bool) (*sql.DB, dialect.Namespace) {
+// openShared opens the shared server's DSN with parseTime set as given;
+// the pool is closed at the end of t.
+func openShared(t *testing.T, parseTime bool) *sql.DB {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(conftest.MySQLDSN(t))
 	if err != nil {
@@ -36,13 +35,20 @@ func openParseTime(t *testing.T, parseTime bool) (*sql.DB, dialect.Namespace) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// openParseTime opens the shared server with parseTime set as given, and
+// returns the pool with a fresh namespace (a database dropped at the end
+// of t, not created).
+func openParseTime(t *testing.T, parseTime bool) (*sql.DB, dialect.Namespace) {
+	t.Helper()
+	db := openShared(t, parseTime)
 	var rnd [5]byte
 	_, _ = crand.Read(rnd[:])
 	ns := dialect.Namespace{Schema: "sqlease_t_pt_" + hex.EncodeToString(rnd[:])}
-	t.Cleanup(func() {
-		_, _ = db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+ns.Schema)
-		db.Close()
-	})
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+ns.Schema) })
 	return db, ns
 }
 
