@@ -22,15 +22,17 @@ import (
 	"github.com/sqlease/sqlease/migrate"
 )
 
-// openShared opens the shared server's DSN with parseTime set as given;
-// the pool is closed at the end of t.
-func openShared(t *testing.T, parseTime bool) *sql.DB {
+// openShared opens the shared server's DSN changed by edit (nil: as
+// given); the pool is closed at the end of t.
+func openShared(t *testing.T, edit func(*mysql.Config)) *sql.DB {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(conftest.MySQLDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ParseTime = parseTime
+	if edit != nil {
+		edit(cfg)
+	}
 	db, err := sql.Open("mysql", cfg.FormatDSN())
 	if err != nil {
 		t.Fatal(err)
@@ -39,35 +41,53 @@ func openShared(t *testing.T, parseTime bool) *sql.DB {
 	return db
 }
 
-// openParseTime opens the shared server with parseTime set as given, and
-// returns the pool with a fresh namespace (a database dropped at the end
-// of t, not created).
-func openParseTime(t *testing.T, parseTime bool) (*sql.DB, dialect.Namespace) {
-	t.Helper()
-	db := openShared(t, parseTime)
+// freshNamespace returns a namespace with a new database name, dropped
+// through db at the end of t (migrate.Up creates it).
+func freshNamespace(t *testing.T, db *sql.DB) dialect.Namespace {
 	var rnd [5]byte
 	_, _ = crand.Read(rnd[:])
-	ns := dialect.Namespace{Schema: "sqlease_t_pt_" + hex.EncodeToString(rnd[:])}
+	ns := dialect.Namespace{Schema: "sqlease_t_dsn_" + hex.EncodeToString(rnd[:])}
 	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+ns.Schema) })
-	return db, ns
+	return ns
 }
 
-// TestNoParseTimeNeeded_MySQL: on a pool whose DSN lacks parseTime=true,
-// the dialect is detected, concurrent migrate.Up calls all succeed (they
-// queue on the migration lock, SPEC D1), and migrate.Status, lock.New and
-// a lease's acquire, renewal and release work.
-func TestNoParseTimeNeeded_MySQL(t *testing.T) {
+// TestDSNOptionsDoNotMatter_MySQL: sqlease needs no DSN option, and the
+// driver options that change how results are read do not break it. On a
+// pool with each set of options, the dialect is detected, two concurrent
+// migrate.Up calls succeed (they queue on the migration lock, SPEC D1), and
+// migrate.Status, lock.New and a lease's acquire, renewal and release work.
+// parseTime=false is the driver's default, which the migration lock needed
+// before it read no DATETIME column.
+func TestDSNOptionsDoNotMatter_MySQL(t *testing.T) {
 	if conformance.IsChild() {
 		t.Skip("child process")
 	}
+	for name, edit := range map[string]func(*mysql.Config){
+		"parseTime=false": func(c *mysql.Config) { c.ParseTime = false },
+		"parseTime=true":  func(c *mysql.Config) { c.ParseTime = true },
+		"clientFoundRows,interpolateParams,multiStatements": func(c *mysql.Config) {
+			c.ClientFoundRows, c.InterpolateParams, c.MultiStatements = true, true, true
+		},
+		"time_zone=-05:00": func(c *mysql.Config) {
+			c.Params = map[string]string{"time_zone": "'-05:00'"}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dsnOptionsCase(t, openShared(t, edit))
+		})
+	}
+}
+
+func dsnOptionsCase(t *testing.T, db *sql.DB) {
 	ctx := t.Context()
-	db, ns := openParseTime(t, false)
+	ns := freshNamespace(t, db)
 	d, err := dialect.Detect(db)
 	if err != nil || d.Name() != mysqldialect.Name {
 		t.Fatalf("Detect: %v, %v", d, err)
 	}
 	var wg sync.WaitGroup
-	errs := make([]error, 3)
+	errs := make([]error, 2)
 	for i := range errs {
 		wg.Add(1)
 		go func() {
@@ -78,7 +98,7 @@ func TestNoParseTimeNeeded_MySQL(t *testing.T) {
 	wg.Wait()
 	for i, err := range errs {
 		if err != nil {
-			t.Fatalf("migrate.Up %d without parseTime: %v", i, err)
+			t.Fatalf("migrate.Up %d: %v", i, err)
 		}
 	}
 	st, err := migrate.Status(ctx, db, d, migrate.WithNamespace(ns))
@@ -92,7 +112,7 @@ func TestNoParseTimeNeeded_MySQL(t *testing.T) {
 	}
 	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema), lock.WithTTL(time.Second))
 	if err != nil {
-		t.Fatalf("lock.New without parseTime: %v", err)
+		t.Fatalf("lock.New: %v", err)
 	}
 	defer l.Close(context.Background())
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
@@ -120,7 +140,8 @@ func TestMigrationLockSharedWithGoose_MySQL(t *testing.T) {
 		t.Skip("child process")
 	}
 	ctx := t.Context()
-	db, ns := openParseTime(t, true) // goose's locker needs parseTime
+	db := openShared(t, func(c *mysql.Config) { c.ParseTime = true }) // goose's locker needs it
+	ns := freshNamespace(t, db)
 	d := mysqldialect.New()
 	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+ns.Schema); err != nil {
 		t.Fatal(err)

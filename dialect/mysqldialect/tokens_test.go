@@ -30,7 +30,7 @@ const clockUS = `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TI
 func tokenSchema(t *testing.T, prefix string, v int64) (*sql.DB, dialect.Namespace, *goose.Provider) {
 	t.Helper()
 	ctx := t.Context()
-	db := openShared(t, true)
+	db := openShared(t, nil)
 	d := mysqldialect.New()
 	var rnd [5]byte
 	_, _ = crand.Read(rnd[:])
