@@ -24,6 +24,7 @@ type rawLease struct {
 	acquireSQL, renewSQL, relSQL string
 	notifySQL                    string // PostgreSQL: release that also notifies, as sqlease's does
 	channel                      string // PostgreSQL: the channel notifySQL notifies, one per run
+	mysql                        bool   // MySQL: acquire reports by rows affected, renew binds the TTL first
 	owners                       atomic.Int64
 	ttlUS                        int64
 }
@@ -33,7 +34,21 @@ func newRawLease(ctx context.Context, e *env, db *sql.DB, name string) (*rawLeas
 	t := e.table(name)
 	r := &rawLease{db: db, ttlUS: (30 * time.Second).Microseconds()}
 	var create string
-	if e.isPG() {
+	switch {
+	case e.isMySQL():
+		// ON DUPLICATE KEY UPDATE assigns left to right: the owner is
+		// replaced only when the row expired, and the expiry only when
+		// the owner is now the caller (owners are fresh per acquire).
+		// Rows affected: 1 inserted, 2 taken over, 0 held by another.
+		const now = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))`
+		r.mysql = true
+		create = `CREATE TABLE ` + t + ` (k VARBINARY(512) NOT NULL PRIMARY KEY, owner VARBINARY(64) NOT NULL, expires_us BIGINT NOT NULL) ENGINE = InnoDB`
+		r.acquireSQL = `INSERT INTO ` + t + ` (k, owner, expires_us) VALUES (?, ?, ` + now + ` + ?)
+ON DUPLICATE KEY UPDATE owner = IF(expires_us < ` + now + `, VALUES(owner), owner),
+  expires_us = IF(owner = VALUES(owner), VALUES(expires_us), expires_us)`
+		r.renewSQL = `UPDATE ` + t + ` SET expires_us = ` + now + ` + ? WHERE k = ? AND owner = ? AND expires_us > ` + now
+		r.relSQL = `DELETE FROM ` + t + ` WHERE k = ? AND owner = ?`
+	case e.isPG():
 		create = `CREATE TABLE ` + t + ` (key text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL)`
 		r.acquireSQL = `INSERT INTO ` + t + ` AS raw (key, owner, expires_at)
 VALUES ($1, $2, clock_timestamp() + $3::bigint * interval '1 microsecond')
@@ -48,7 +63,7 @@ WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp()`
 		r.channel = e.schema + "_raw"
 		r.notifySQL = `WITH gone AS (DELETE FROM ` + t + ` WHERE key = $1 AND owner = $2 RETURNING key)
 SELECT key, pg_notify('` + r.channel + `', key) FROM gone`
-	} else {
+	default:
 		const now = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 		create = `CREATE TABLE ` + t + ` (key TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_us INTEGER NOT NULL)`
 		r.acquireSQL = `INSERT INTO ` + t + ` AS raw (key, owner, expires_us)
@@ -71,6 +86,14 @@ func (r *rawLease) newOwner() string { return "o" + strconv.FormatInt(r.owners.A
 
 // tryAcquire runs the upsert; ok is false when the key is held.
 func (r *rawLease) tryAcquire(ctx context.Context, db *sql.DB, key, owner string) (bool, error) {
+	if r.mysql {
+		res, err := db.ExecContext(ctx, r.acquireSQL, key, owner, r.ttlUS)
+		if err != nil {
+			return false, err
+		}
+		n, err := res.RowsAffected()
+		return n > 0, err
+	}
 	var got string
 	err := db.QueryRowContext(ctx, r.acquireSQL, key, owner, r.ttlUS).Scan(&got)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -81,6 +104,10 @@ func (r *rawLease) tryAcquire(ctx context.Context, db *sql.DB, key, owner string
 
 // renew extends the lease by the TTL.
 func (r *rawLease) renew(ctx context.Context, db *sql.DB, key, owner string) error {
+	if r.mysql {
+		_, err := db.ExecContext(ctx, r.renewSQL, r.ttlUS, key, owner)
+		return err
+	}
 	_, err := db.ExecContext(ctx, r.renewSQL, key, owner, r.ttlUS)
 	return err
 }
@@ -134,11 +161,10 @@ func (r *rawLease) workload(name, prefix string, notify bool) workload {
 	}}
 }
 
-// advisoryWorkload is PostgreSQL's session advisory lock: try-lock and
-// unlock on one pinned connection per client (no lease, no expiry: the
-// lock lives as long as the session). shared selects the shared variants.
-func advisoryWorkload(ctx context.Context, db *sql.DB, clients int, keyBase int64, shared bool) (workload, error) {
-	conns := make([]*sql.Conn, clients)
+// pinnedConns takes n connections of db for the session-lock baselines,
+// and a function that closes them.
+func pinnedConns(ctx context.Context, db *sql.DB, n int) ([]*sql.Conn, func(), error) {
+	conns := make([]*sql.Conn, n)
 	closeAll := func() {
 		for _, c := range conns {
 			if c != nil {
@@ -150,9 +176,20 @@ func advisoryWorkload(ctx context.Context, db *sql.DB, clients int, keyBase int6
 		c, err := db.Conn(ctx)
 		if err != nil {
 			closeAll()
-			return workload{}, err
+			return nil, nil, err
 		}
 		conns[i] = c
+	}
+	return conns, closeAll, nil
+}
+
+// advisoryWorkload is PostgreSQL's session advisory lock: try-lock and
+// unlock on one pinned connection per client (no lease, no expiry: the
+// lock lives as long as the session). shared selects the shared variants.
+func advisoryWorkload(ctx context.Context, db *sql.DB, clients int, keyBase int64, shared bool) (workload, error) {
+	conns, closeAll, err := pinnedConns(ctx, db, clients)
+	if err != nil {
+		return workload{}, err
 	}
 	lockSQL, unlockSQL, name := `SELECT pg_try_advisory_lock($1)`, `SELECT pg_advisory_unlock($1)`, "advisory"
 	if shared {
@@ -168,6 +205,28 @@ func advisoryWorkload(ctx context.Context, db *sql.DB, clients int, keyBase int6
 			return fmt.Errorf("advisory lock %d unexpectedly held", key)
 		}
 		return conns[c].QueryRowContext(ctx, unlockSQL, key).Scan(&ok)
+	}}, nil
+}
+
+// getLockWorkload is MySQL's named lock: GET_LOCK(name, 0) and
+// RELEASE_LOCK on one pinned connection per client (no lease, no expiry,
+// one mode: the lock lives as long as the session). Names are prefixed
+// with the run's database, as they are server-wide.
+func getLockWorkload(ctx context.Context, e *env, clients int, prefix string) (workload, error) {
+	conns, closeAll, err := pinnedConns(ctx, e.db, clients)
+	if err != nil {
+		return workload{}, err
+	}
+	return workload{name: "get_lock", close: closeAll, op: func(ctx context.Context, c int) error {
+		name := e.schema + "/" + prefix + strconv.Itoa(c)
+		var ok sql.NullInt64
+		if err := conns[c].QueryRowContext(ctx, `SELECT GET_LOCK(?, 0)`, name).Scan(&ok); err != nil {
+			return err
+		}
+		if ok.Int64 != 1 {
+			return fmt.Errorf("GET_LOCK(%s) unexpectedly held", name)
+		}
+		return conns[c].QueryRowContext(ctx, `SELECT RELEASE_LOCK(?)`, name).Scan(&ok)
 	}}, nil
 }
 

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
-	"github.com/sqlease/sqlease/dialect/pgdialect"
-	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 	"github.com/sqlease/sqlease/lock"
 )
 
@@ -40,11 +38,7 @@ const (
 // to, reports the grant time and releases at once.
 func childMain() int {
 	ctx := context.Background()
-	var d dialect.Dialect = sqlitedialect.New()
-	drv := "sqlite3"
-	if os.Getenv(childDialectEnv) == pgdialect.Name {
-		d, drv = pgdialect.New(), "pgx"
-	}
+	d, drv := benchDialect(os.Getenv(childDialectEnv))
 	db, err := sql.Open(drv, os.Getenv(childDSNEnv))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)

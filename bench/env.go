@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,10 +17,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"   // registers driver "mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers driver "pgx"
 	_ "github.com/mattn/go-sqlite3"    // registers driver "sqlite3"
 
 	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/dialect/mysqldialect"
 	"github.com/sqlease/sqlease/dialect/pgdialect"
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 	"github.com/sqlease/sqlease/internal/faultdb"
@@ -29,7 +32,7 @@ import (
 
 // config is the run's settings, from the flags.
 type config struct {
-	dsn      string // PostgreSQL DSN; empty: SQLite temp file
+	dsn      string // PostgreSQL or MySQL DSN; empty: SQLite temp file
 	jsonPath string
 	rounds   int
 	duration time.Duration
@@ -50,11 +53,11 @@ type config struct {
 // namespace, and a plain pool.
 type env struct {
 	cfg     config
-	dialect string // "postgres" or "sqlite"
+	dialect string // "postgres", "mysql" or "sqlite"
 	d       dialect.Dialect
 	driver  string // database/sql driver name
 	dsn     string
-	schema  string // PostgreSQL: the fresh schema; SQLite: ""
+	schema  string // PostgreSQL: the fresh schema; MySQL: the fresh database; SQLite: ""
 	dir     string // SQLite: the temp directory
 	ns      dialect.Namespace
 	db      *sql.DB
@@ -65,6 +68,55 @@ type env struct {
 
 // isPG reports whether the run is on PostgreSQL.
 func (e *env) isPG() bool { return e.dialect == pgdialect.Name }
+
+// isMySQL reports whether the run is on MySQL or MariaDB.
+func (e *env) isMySQL() bool { return e.dialect == mysqldialect.Name }
+
+// benchDialect returns the dialect and database/sql driver of a dialect
+// name (the child processes get the parent's by name).
+func benchDialect(name string) (dialect.Dialect, string) {
+	switch name {
+	case pgdialect.Name:
+		return pgdialect.New(), "pgx"
+	case mysqldialect.Name:
+		return mysqldialect.New(), "mysql"
+	}
+	return sqlitedialect.New(), "sqlite3"
+}
+
+// mysqlDriverDSN returns dsn in go-sql-driver/mysql's form: a mysql:// or
+// mariadb:// URL (user:pass@host:port/db?params) is converted, a DSN already
+// in the driver's form (user@tcp(host:3306)/db) is kept. ok is false for
+// anything else.
+func mysqlDriverDSN(dsn string) (string, bool, error) {
+	for _, p := range []string{"mysql://", "mariadb://"} {
+		if !strings.HasPrefix(dsn, p) {
+			continue
+		}
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", true, err
+		}
+		cfg, err := mysql.ParseDSN("/?" + u.RawQuery)
+		if err != nil {
+			return "", true, err
+		}
+		cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.TrimPrefix(u.Path, "/")
+		if u.Port() == "" {
+			cfg.Addr += ":3306"
+		}
+		if u.User != nil {
+			cfg.User = u.User.Username()
+			cfg.Passwd, _ = u.User.Password()
+		}
+		return cfg.FormatDSN(), true, nil
+	}
+	if strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix(") {
+		_, err := mysql.ParseDSN(dsn)
+		return dsn, true, err
+	}
+	return "", false, nil
+}
 
 // setup opens the database and migrates the lock tables into a fresh
 // schema (PostgreSQL) or a new temp file (SQLite).
@@ -78,10 +130,17 @@ func setup(ctx context.Context, cfg config) (*env, error) {
 		e.dialect, e.d, e.driver, e.dir = sqlitedialect.Name, sqlitedialect.New(), "sqlite3", dir
 		e.dsn = sqliteDSN(filepath.Join(dir, "bench.db"))
 	} else {
-		if !strings.HasPrefix(cfg.dsn, "postgres://") && !strings.HasPrefix(cfg.dsn, "postgresql://") {
-			return nil, fmt.Errorf("--dsn must be a postgres:// URL (SQLite runs on a temp file without --dsn)")
+		my, isMySQL, err := mysqlDriverDSN(cfg.dsn)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("--dsn: %w", err)
+		case isMySQL:
+			e.dialect, e.d, e.driver, e.dsn = mysqldialect.Name, mysqldialect.New(), "mysql", my
+		case strings.HasPrefix(cfg.dsn, "postgres://") || strings.HasPrefix(cfg.dsn, "postgresql://"):
+			e.dialect, e.d, e.driver, e.dsn = pgdialect.Name, pgdialect.New(), "pgx", cfg.dsn
+		default:
+			return nil, fmt.Errorf("--dsn must be a postgres:// or mysql:// URL, or a go-sql-driver/mysql DSN (SQLite runs on a temp file without --dsn)")
 		}
-		e.dialect, e.d, e.driver, e.dsn = pgdialect.Name, pgdialect.New(), "pgx", cfg.dsn
 		e.schema = "sqlease_bench_" + randHex(5)
 		e.ns = dialect.Namespace{Schema: e.schema}
 	}
@@ -149,8 +208,12 @@ func (e *env) openCounting(dsn string) (*sql.DB, *faultdb.Injector, error) {
 
 // fastDSN is a PostgreSQL DSN whose commits do not wait for the disk
 // (synchronous_commit=off), for setting up many leases quickly where
-// durability is not what is measured.
+// durability is not what is measured. MySQL has no such session setting
+// (innodb_flush_log_at_trx_commit is global): its DSN is returned as is.
 func (e *env) fastDSN() string {
+	if e.isMySQL() {
+		return e.dsn
+	}
 	sep := "?"
 	if strings.Contains(e.dsn, "?") {
 		sep = "&"
@@ -199,6 +262,12 @@ func (e *env) describe(ctx context.Context) string {
 		// autovacuum matters: a hot key's dead rows pile up in its index
 		// until VACUUM (docs/performance.md).
 		return s + fmt.Sprintf("; PostgreSQL %s, fsync=%s, synchronous_commit=%s, wal_level=%s, autovacuum=%s", q("SHOW server_version"), q("SHOW fsync"), q("SHOW synchronous_commit"), q("SHOW wal_level"), q("SHOW autovacuum"))
+	}
+	if e.isMySQL() {
+		// The commit's disk flush and the binary log's decide the
+		// 1-client rates, as fsync does on PostgreSQL.
+		return s + fmt.Sprintf("; %s, innodb_flush_log_at_trx_commit=%s, log_bin=%s, sync_binlog=%s, binlog_format=%s", q("SELECT VERSION()"),
+			q("SELECT @@innodb_flush_log_at_trx_commit"), q("SELECT @@log_bin"), q("SELECT @@sync_binlog"), q("SELECT @@binlog_format"))
 	}
 	sync := map[string]string{"0": "OFF", "1": "NORMAL", "2": "FULL", "3": "EXTRA"}[q("PRAGMA synchronous")]
 	return s + fmt.Sprintf("; SQLite %s (mattn/go-sqlite3), journal_mode=%s, synchronous=%s", q("SELECT sqlite_version()"), q("PRAGMA journal_mode"), sync)
@@ -258,13 +327,17 @@ func stampedRevision() (rev string, modified bool) {
 	return rev, modified
 }
 
-// close drops the bench schema (PostgreSQL) or removes the temp file
-// (SQLite).
+// close drops the bench schema (PostgreSQL) or database (MySQL), or
+// removes the temp file (SQLite).
 func (e *env) close() {
 	if e.db != nil && e.schema != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := e.db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+e.d.QuoteIdent(e.schema)+" CASCADE"); err != nil {
+		drop := "DROP SCHEMA IF EXISTS " + e.d.QuoteIdent(e.schema) + " CASCADE"
+		if e.isMySQL() {
+			drop = "DROP DATABASE IF EXISTS " + e.d.QuoteIdent(e.schema)
+		}
+		if _, err := e.db.ExecContext(ctx, drop); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: drop schema %s: %v\n", e.schema, err)
 		}
 	}

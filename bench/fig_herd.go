@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/dialect/mysqldialect"
 	"github.com/sqlease/sqlease/dialect/pgdialect"
-	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 	"github.com/sqlease/sqlease/internal/faultdb"
 	"github.com/sqlease/sqlease/lock"
 )
@@ -44,11 +44,7 @@ const (
 // herdChildMain is a herd child process.
 func herdChildMain() int {
 	ctx := context.Background()
-	var d dialect.Dialect = sqlitedialect.New()
-	drv := "sqlite3"
-	if os.Getenv(childDialectEnv) == pgdialect.Name {
-		d, drv = pgdialect.New(), "pgx"
-	}
+	d, drv := benchDialect(os.Getenv(childDialectEnv))
 	dsn := os.Getenv(childDSNEnv)
 	raw, err := sql.Open(drv, dsn)
 	if err != nil {
@@ -204,12 +200,12 @@ func figHerd(ctx context.Context, e *env) ([]Figure, error) {
 
 // herdAttemptMark is text that only an acquire attempt's statement sent to
 // d contains, so the children can count their waiters' attempts: the
-// acquire function's name on PostgreSQL; on SQLite the start of the Probe
+// acquire function's or procedure's name on PostgreSQL and MySQL; on SQLite the start of the Probe
 // read, which every attempt but an uncontended first one (the Grant
 // statement alone) starts with. TestHerdAttemptMark checks it against the
 // dialects' statements.
 func herdAttemptMark(d dialect.Dialect) string {
-	if d.Name() == pgdialect.Name {
+	if d.Name() == pgdialect.Name || d.Name() == mysqldialect.Name {
 		return "sqlease_acquire"
 	}
 	return "SELECT 0 AS granted"

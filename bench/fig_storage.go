@@ -109,7 +109,10 @@ func figRoundTrips(ctx context.Context, e *env) ([]Figure, error) {
 	per := func(n int) float64 { return float64(n) / reps }
 	want := func() target { return onlyOn("postgres", e.dialect, exactly(1, "stmts")) }
 	note := ""
-	if !e.isPG() {
+	if e.isMySQL() {
+		want = func() target { return exactly(1, "stmts") }
+		note = "MySQL: one CALL of a stored procedure"
+	} else if !e.isPG() {
 		note = "SQLite: BEGIN IMMEDIATE, the script's statements and COMMIT, each an in-process call"
 	}
 	out := []Figure{
@@ -435,7 +438,7 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 		return nil, err
 	}
 	workers := 8
-	if !e.isPG() {
+	if !e.isPG() && !e.isMySQL() {
 		workers = 1 // SQLite has one writer
 	}
 	// parallel runs f(i) for i in [0, n) on workers goroutines.

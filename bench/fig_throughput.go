@@ -142,9 +142,9 @@ func roundInts(xs []float64) []int {
 // figExclusive: uncontended exclusive acquire+release with clients clients
 // on distinct keys, against the raw lease, and on PostgreSQL also against
 // raw+notify (the raw lease whose delete notifies, as sqlease's release
-// does), advisory locks and goose's table locker.
-// Targets: PostgreSQL >= 0.9x raw with 1 client, >= 0.8x with 8; SQLite
-// >= 0.7x raw.
+// does), advisory locks and goose's table locker, on MySQL also against
+// GET_LOCK. Targets: PostgreSQL and MySQL >= 0.9x raw with 1 client,
+// >= 0.8x with 8; SQLite >= 0.7x raw.
 func figExclusive(ctx context.Context, e *env, clients int) ([]Figure, error) {
 	name := fmt.Sprintf("exclusive.%dc", clients)
 	l, err := e.newLocker(ctx, e.db)
@@ -178,6 +178,18 @@ func figExclusive(ctx context.Context, e *env, clients int) ([]Figure, error) {
 		ws = append(ws, raw.workload("raw+notify", "bench/xn/", true), adv, goose)
 		baselines = append(baselines, "raw+notify", "advisory", "goose")
 	}
+	if e.isMySQL() {
+		want = ratioAtLeast(0.9)
+		if clients > 1 {
+			want = ratioAtLeast(0.8)
+		}
+		gl, err := getLockWorkload(ctx, e, clients, "x"+strconv.Itoa(clients)+"/")
+		if err != nil {
+			return nil, err
+		}
+		ws = append(ws, gl)
+		baselines = append(baselines, "get_lock")
+	}
 	if err := vacuumLockTables(ctx, e); err != nil {
 		return nil, err
 	}
@@ -190,8 +202,8 @@ func figExclusive(ctx context.Context, e *env, clients int) ([]Figure, error) {
 
 // figShared: uncontended shared acquire+release, clients clients on
 // distinct keys, against the raw lease (which has only one mode) and, on
-// PostgreSQL, shared advisory locks. Targets: PostgreSQL >= 0.8x raw,
-// SQLite >= 0.7x raw.
+// PostgreSQL, shared advisory locks. Targets: PostgreSQL and MySQL >= 0.8x
+// raw, SQLite >= 0.7x raw.
 func figShared(ctx context.Context, e *env, clients int) ([]Figure, error) {
 	name := fmt.Sprintf("shared.%dc", clients)
 	l, err := e.newLocker(ctx, e.db)
@@ -216,6 +228,9 @@ func figShared(ctx context.Context, e *env, clients int) ([]Figure, error) {
 		}
 		ws = append(ws, adv)
 		baselines = append(baselines, "advisory-shared")
+	}
+	if e.isMySQL() {
+		want = ratioAtLeast(0.8) // GET_LOCK has no shared mode: raw only
 	}
 	if err := vacuumLockTables(ctx, e); err != nil {
 		return nil, err

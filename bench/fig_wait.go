@@ -207,7 +207,10 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 			name := fmt.Sprintf("handoff.%s.p%.0f", path, pc)
 			f := figure(name, e.dialect, v, "ms", b, t)
 			f.Note = fmt.Sprintf("%d samples; release call -> waiter granted", len(got[path]))
-			if path == "xproc" && !e.isPG() {
+			if path == "xproc" && e.isMySQL() {
+				f.Note += "; MySQL: the waiter polls (no push wake-ups)"
+			}
+			if path == "xproc" && !e.isPG() && !e.isMySQL() {
 				f.Note += "; SQLite: the other process watches the database file for commits (sqlitedialect.WatchChanges)"
 			}
 			out = append(out, f)
@@ -414,7 +417,7 @@ func figWaiterLoad(ctx context.Context, e *env) ([]Figure, error) {
 	// A poll is one acquire attempt: PostgreSQL's acquire function call,
 	// SQLite's Probe read.
 	pollMark := "WITH b AS"
-	if e.isPG() {
+	if e.isPG() || e.isMySQL() {
 		pollMark = "sqlease_acquire"
 	}
 	type group struct {
@@ -532,7 +535,9 @@ func figCrossKey(ctx context.Context, e *env) ([]Figure, error) {
 		return nil, fmt.Errorf("raw lease on B: %v", err)
 	}
 	lockB := `SELECT 1 FROM ` + e.table("raw_xk") + ` WHERE key = $1 FOR UPDATE`
-	if !e.isPG() {
+	if e.isMySQL() {
+		lockB = `SELECT 1 FROM ` + e.table("raw_xk") + ` WHERE k = ? FOR UPDATE`
+	} else if !e.isPG() {
 		lockB = `UPDATE ` + e.table("raw_xk") + ` SET expires_us = expires_us WHERE key = ?1`
 	}
 	// timings are the latencies of one implementation's steps on key A.
@@ -613,7 +618,7 @@ func figCrossKey(ctx context.Context, e *env) ([]Figure, error) {
 		len(sHeld.acquire), len(rHeld.acquire), hold, len(sCtl.acquire), len(rCtl.acquire))
 	out := []Figure{
 		figure("crosskey.acquire.wait", e.dialect, p(sHeld.acquire, 50)-p(sCtl.acquire, 50), "ms",
-			base("raw", p(rHeld.acquire, 50)-p(rCtl.acquire, 50)), onlyOn("postgres", e.dialect, below(5, "ms"))),
+			base("raw", p(rHeld.acquire, 50)-p(rCtl.acquire, 50)), crossKeyTarget(e)),
 		figure("crosskey.acquire.wait.p99", e.dialect, p(sHeld.acquire, 99)-p(sCtl.acquire, 99), "ms",
 			base("raw", p(rHeld.acquire, 99)-p(rCtl.acquire, 99)), info),
 		figure("crosskey.acquire.p50", e.dialect, p(sHeld.acquire, 50), "ms", base("raw", p(rHeld.acquire, 50)), info),
@@ -627,6 +632,16 @@ func figCrossKey(ctx context.Context, e *env) ([]Figure, error) {
 		out[i].Note = note
 	}
 	return out, nil
+}
+
+// crossKeyTarget is the acquire-wait target of figCrossKey: below 5 ms on
+// the servers (rule S5: a row lock of key B never delays key A), none on
+// SQLite, whose one writer is meant to wait.
+func crossKeyTarget(e *env) target {
+	if e.isPG() || e.isMySQL() {
+		return below(5, "ms")
+	}
+	return info
 }
 
 // rawListenHandoff returns the hand-rolled handoff sampler (PostgreSQL),

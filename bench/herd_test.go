@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/dialect/mysqldialect"
 	"github.com/sqlease/sqlease/dialect/pgdialect"
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 )
@@ -22,6 +23,14 @@ func TestHerdAttemptMark(t *testing.T) {
 	}
 	if m := herdAttemptMark(pg); !strings.Contains(acquire.SQL, m) {
 		t.Errorf("PostgreSQL: the acquire statement does not contain %q:\n%s", m, acquire.SQL)
+	}
+	my := mysqldialect.New()
+	acquire, err = dialect.Compile(my, ns, my.Statements().Acquire[0], []string{"key", "mode", "lease_id", "owner", "ttl_us", "marker_us", "watch_us"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := herdAttemptMark(my); !strings.Contains(acquire.SQL, m) {
+		t.Errorf("MySQL: the acquire statement does not contain %q:\n%s", m, acquire.SQL)
 	}
 	sq := sqlitedialect.New()
 	if m := herdAttemptMark(sq); !strings.HasPrefix(sq.FastPath().Probe, m) {

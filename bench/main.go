@@ -2,15 +2,18 @@
 // against, in the same run, on the same database:
 //
 //   - raw: a hand-rolled single-statement lease (INSERT ... ON CONFLICT DO
-//     UPDATE ... WHERE expired, RETURNING; DELETE by key and owner);
+//     UPDATE ... WHERE expired, RETURNING; on MySQL INSERT ... ON DUPLICATE
+//     KEY UPDATE, granted when rows are affected; DELETE by key and owner);
 //   - advisory (PostgreSQL): pg_try_advisory_lock / pg_advisory_unlock on
-//     one pinned connection;
+//     one pinned connection; get_lock (MySQL): GET_LOCK(name, 0) /
+//     RELEASE_LOCK, likewise;
 //   - goose (PostgreSQL): goose's table locker (lock.NewPostgresTableLocker).
 //
 // Usage:
 //
 //	go run ./bench                               # SQLite, temp file
 //	go run ./bench --dsn postgres://...          # PostgreSQL, fresh schema (dropped after)
+//	go run ./bench --dsn mysql://root@host/test  # MySQL/MariaDB, fresh database (dropped after)
 //	go run ./bench --quick --json results.jsonl  # shorter; JSON lines
 //	go run ./bench --only handoff,takeover       # some figures only
 //	bash bench/server-instructions.sh            # PostgreSQL server instructions per operation (callgrind)
@@ -50,7 +53,7 @@ func main() {
 // reported, not failures).
 func run() int {
 	var cfg config
-	flag.StringVar(&cfg.dsn, "dsn", "", "PostgreSQL `URL` (postgres://...); default: SQLite in a temp file")
+	flag.StringVar(&cfg.dsn, "dsn", "", "PostgreSQL or MySQL `URL` (postgres://..., mysql://..., or a go-sql-driver/mysql DSN); default: SQLite in a temp file")
 	flag.StringVar(&cfg.jsonPath, "json", "", "write one JSON object per figure per line to `FILE`")
 	flag.IntVar(&cfg.rounds, "rounds", 5, "interleaved rounds per figure")
 	flag.DurationVar(&cfg.duration, "duration", 800*time.Millisecond, "length of one throughput round")

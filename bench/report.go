@@ -165,6 +165,7 @@ var baselineLegend = []struct{ name, text string }{
 	{"advisory", "PostgreSQL session advisory locks on pinned connections (nothing written)"},
 	{"advisory-shared", "the shared variants of advisory"},
 	{"goose", "goose's PostgreSQL table locker"},
+	{"get_lock", "MySQL named locks, GET_LOCK(name, 0) and RELEASE_LOCK, on pinned connections (nothing written)"},
 }
 
 // controlLegend says what an A/A control row is (controlFigure), in the

@@ -176,9 +176,9 @@ func sqliteMemoryParams(query string) bool {
 }
 
 // mysqlDSN turns mysql://user:pass@host:port/db?param=v (or mariadb://)
-// into the go-sql-driver/mysql DSN user:pass@tcp(host:port)/db?param=v and
-// sets parseTime=true, which the migration lock needs. A DSN already in the
-// driver's form only gets parseTime=true.
+// into the go-sql-driver/mysql DSN user:pass@tcp(host:port)/db?param=v,
+// adding no option (sqlease needs none). A DSN already in the driver's form
+// is only checked.
 func mysqlDSN(dsn string) (string, error) {
 	if hasPrefixFold(dsn, "mysql://") || hasPrefixFold(dsn, "mariadb://") {
 		u, err := url.Parse(dsn)
@@ -211,7 +211,6 @@ func mysqlDSN(dsn string) (string, error) {
 		if err := checkMySQLAddr(parsed); err != nil {
 			return "", err
 		}
-		parsed.ParseTime = true
 		return parsed.FormatDSN(), nil
 	}
 	cfg, err := mysql.ParseDSN(dsn)
@@ -221,7 +220,6 @@ func mysqlDSN(dsn string) (string, error) {
 	if err := checkMySQLAddr(cfg); err != nil {
 		return "", err
 	}
-	cfg.ParseTime = true
 	return cfg.FormatDSN(), nil
 }
 

@@ -1033,9 +1033,9 @@ func TestResolve(t *testing.T) {
 		{dsn: "host=db user=app", err: "--dialect"},
 		{dsn: "x.db", dialect: "nosuch", err: `unknown dialect "nosuch" for --dialect; the CLI knows: mysql, postgres, sqlite`},
 		{dsn: "", dialect: "nosuch", err: `unknown dialect "nosuch"`},
-		{dsn: "mysql://root@127.0.0.1/test", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "root@tcp(127.0.0.1:3306)/test?parseTime=true"},
-		{dsn: "mysql://u:p%40ss@db:3307/app?timeout=5s", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "u:p@ss@tcp(db:3307)/app?parseTime=true&timeout=5s"},
-		{dsn: "root@tcp(127.0.0.1:3306)/test", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "root@tcp(127.0.0.1:3306)/test?parseTime=true"},
+		{dsn: "mysql://root@127.0.0.1/test", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "root@tcp(127.0.0.1:3306)/test"},
+		{dsn: "mysql://u:p%40ss@db:3307/app?timeout=5s", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "u:p@ss@tcp(db:3307)/app?timeout=5s"},
+		{dsn: "root@tcp(127.0.0.1:3306)/test", wantDialect: "mysql", wantDrv: "mysql", wantDSN: "root@tcp(127.0.0.1:3306)/test"},
 		{dsn: "", err: "SQLEASE_DSN"},
 	} {
 		got, err := resolve(tc.dsn, tc.dialect)
@@ -1362,8 +1362,15 @@ func TestDropPostgres(t *testing.T) {
 	})
 }
 
+// TestDropMySQL runs migrate, drop and status on a DSN without
+// parseTime=true, which the CLI does not add: nothing needs it.
 func TestDropMySQL(t *testing.T) {
-	dsn := conftest.MySQLDSN(t)
+	cfg, err := mysql.ParseDSN(conftest.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ParseTime = false
+	dsn := cfg.FormatDSN()
 	schema := fmt.Sprintf("sqlease_cli_drop_%d", time.Now().UnixNano()%1e9)
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {

@@ -165,7 +165,8 @@ func d3BadSchemaAndPrefixRejected(e *Env) {
 }
 
 // d3KeysAreBoundAndByteExact: keys full of SQL metacharacters are plain keys;
-// keys are compared byte for byte; prefix listing treats % and _ literally.
+// keys are compared byte for byte (Key and key, a and "a " are four keys);
+// prefix listing treats % and _ literally.
 func d3KeysAreBoundAndByteExact(e *Env) {
 	ctx := e.Ctx()
 	victim := e.Table("victim")
@@ -180,7 +181,7 @@ func d3KeysAreBoundAndByteExact(e *Env) {
 		`\'; SELECT 1; --`,
 		`back\slash`, `back\\slash`, `\`,
 		"%", "_", "a%", "a_", "ab", "aXb", "a%b", "a_b",
-		"K", "k",
+		"K", "k", "Key", "key", "a", "a ", // a collation would fold case or pad spaces
 		"\u00e9", "e\u0301", // é precomposed and decomposed
 		"$1", "?1", "?", "@key", "@key_prefix", "{holders}", ":key",
 		"/* c */", "--", ";", "\t\n\r", " ", "  ", "\u2028",
@@ -230,7 +231,8 @@ func d3KeysAreBoundAndByteExact(e *Env) {
 		`back\`: {`back\slash`, `back\\slash`},
 		`\`:     {`\`, `\'; SELECT 1; --`},
 		"e":     {"e\u0301"},
-		"K":     {"K"},
+		"K":     {"K", "Key"},
+		"a ":    {"a "},
 		"'; ":   {keys[0]},
 	} {
 		hs, _, err := a.Holders(ctx, prefix)

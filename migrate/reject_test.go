@@ -76,11 +76,7 @@ func TestUpRejectsReservedSchemaPostgres(t *testing.T) {
 }
 
 func TestUpRejectsReservedSchemaMySQL(t *testing.T) {
-	dsn, err := mysqldialect.WithParseTime(conftest.MySQLDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := sql.Open("mysql", dsn)
+	db, err := sql.Open("mysql", conftest.MySQLDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,25 +105,5 @@ func TestUpOneConnectionRejectedBeforeWriting(t *testing.T) {
 	if schemaExists(t, db, schema) {
 		_, _ = db.ExecContext(t.Context(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
 		t.Errorf("Up refused the pool but created schema %q first", schema)
-	}
-}
-
-// A MySQL DSN without parseTime=true is refused before CREATE DATABASE runs.
-func TestUpWithoutParseTimeRejectedBeforeWriting(t *testing.T) {
-	db, err := sql.Open("mysql", strings.ReplaceAll(conftest.MySQLDSN(t), "parseTime=true", "parseTime=false"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	const schema = "sqlease_noparsetime"
-	_, _ = db.ExecContext(t.Context(), "DROP DATABASE IF EXISTS "+schema)
-	_, err = migrate.Up(t.Context(), db, mysqldialect.New(), migrate.WithNamespace(dialect.Namespace{Schema: schema}))
-	if !errors.Is(err, mysqldialect.ErrParseTimeRequired) {
-		t.Errorf("%v: want it to match mysqldialect.ErrParseTimeRequired", err)
-	}
-	wantInputError(t, err, "parseTime=true")
-	if schemaExists(t, db, schema) {
-		_, _ = db.ExecContext(t.Context(), "DROP DATABASE IF EXISTS "+schema)
-		t.Errorf("Up refused the DSN but created database %q first", schema)
 	}
 }

@@ -96,11 +96,8 @@ func PostgresDSN(t testing.TB) string {
 
 // MySQL returns a Config that gives every case a new database (a Namespace
 // schema) on the MySQL or MariaDB server at dsn (a go-sql-driver/mysql DSN,
-// given parseTime=true), dropped after the case.
+// used as given: sqlease needs no DSN option), dropped after the case.
 func MySQL(dsn string) conformance.Config {
-	if d, err := mysqldialect.WithParseTime(dsn); err == nil {
-		dsn = d
-	}
 	return conformance.Config{
 		Dialect:    mysqldialect.New(),
 		DriverName: "mysql",

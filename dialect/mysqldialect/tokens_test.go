@@ -10,12 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
 
 	"github.com/sqlease/sqlease/conformance"
-	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/dialect/mysqldialect"
 	"github.com/sqlease/sqlease/lock"
@@ -32,16 +30,7 @@ const clockUS = `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TI
 func tokenSchema(t *testing.T, prefix string, v int64) (*sql.DB, dialect.Namespace, *goose.Provider) {
 	t.Helper()
 	ctx := t.Context()
-	cfg, err := mysql.ParseDSN(conftest.MySQLDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ParseTime = true
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := openShared(t, nil)
 	d := mysqldialect.New()
 	var rnd [5]byte
 	_, _ = crand.Read(rnd[:])

@@ -59,52 +59,6 @@ func TestWithParseTime(t *testing.T) {
 	}
 }
 
-// TestDetectAndParseTime: the dialect is detected from the driver, and
-// migrate.Up on a pool without parseTime=true fails at once with
-// ErrParseTimeRequired (goose's lock would retry its failing scan for
-// minutes), writing no lock table.
-func TestDetectAndParseTime(t *testing.T) {
-	if conformance.IsChild() {
-		t.Skip("child process")
-	}
-	dsn := conftest.MySQLDSN(t)
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ParseTime = false
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	d, err := dialect.Detect(db)
-	if err != nil || d.Name() != mysqldialect.Name {
-		t.Fatalf("Detect: %v, %v", d, err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	ns := dialect.Namespace{Schema: "sqlease_t_parsetime"}
-	defer db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS sqlease_t_parsetime")
-	_, err = migrate.Up(ctx, db, d, migrate.WithNamespace(ns))
-	if !errors.Is(err, mysqldialect.ErrParseTimeRequired) {
-		t.Fatalf("migrate.Up without parseTime: want ErrParseTimeRequired, got %v", err)
-	}
-	if !strings.Contains(err.Error(), "parseTime=true") {
-		t.Errorf("error %q should say how to fix the DSN", err)
-	}
-	// With parseTime the same call works.
-	cfg.ParseTime = true
-	db2, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	if _, err := migrate.Up(ctx, db2, d, migrate.WithNamespace(ns)); err != nil {
-		t.Fatalf("migrate.Up with parseTime: %v", err)
-	}
-}
-
 // TestConnectionLimitIsRetried: a connection the server refuses for too
 // many connections (here error 1226, the account's MAX_USER_CONNECTIONS 1,
 // taken by another session) is retried like a failed connect, so a
