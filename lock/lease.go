@@ -492,6 +492,9 @@ func (le *Lease) RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, f
 	if db == nil {
 		return inputErr("database", "nil", "RunInTx needs the *sql.DB the lease lives in")
 	}
+	if le.l.st.fenceEnd.ok {
+		return le.runOnConn(ctx, db, opts, fn)
+	}
 	return RunFenced(ctx, le, func(ctx context.Context) (*sql.Tx, *sql.Tx, error) {
 		tx, err := db.BeginTx(ctx, opts)
 		return tx, tx, err

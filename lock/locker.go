@@ -166,6 +166,7 @@ type statements struct {
 	probeFIFO, dequeue                                                        stmt
 	grant, mark                                                               stmt // fast paths
 	seePrimary                                                                stmt
+	fenceEnd                                                                  stmt // SPEC F1
 	beginWrite                                                                string
 	isolation                                                sql.IsolationLevel
 	sweepReturnsCount                                                         bool
@@ -309,6 +310,7 @@ func (l *Locker) compile() error {
 		{"Grant", s.Grant, &l.st.grant, false},
 		{"Mark", s.Mark, &l.st.mark, false},
 		{"SeePrimary", s.SeePrimary, &l.st.seePrimary, false},
+		{"FenceEnd", s.FenceEnd, &l.st.fenceEnd, false},
 	} {
 		if *x.dst, err = one(x.name, x.text, x.required); err != nil {
 			return err
