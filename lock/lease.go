@@ -450,6 +450,14 @@ func (le *Lease) Orphan() {
 // takes the database write lock, so on SQLite Fence must be the first
 // statement of tx. Renewals are not blocked on PostgreSQL (SPEC H7).
 //
+// With dialect.CapFenceIdleTimeout the server ends tx when it sits idle
+// for about the TTL. PostgreSQL scopes that bound to tx; MySQL sets it on
+// the session (MariaDB's idle_transaction_timeout, MySQL 8's
+// wait_timeout, in whole seconds): RunInTx puts it back once the
+// transaction ended, but after Fence in a transaction of your own the
+// connection keeps it, so a later transaction on that pooled connection
+// idle for longer than the TTL is ended too. Prefer RunInTx there.
+//
 // Errors: a *LeaseLostError (ErrLeaseLost) when the lease is lost, locally
 // or in the database; tx must then not commit (RunInTx rolls it back; SPEC
 // F2). errors.ErrUnsupported when the dialect has no fence. Otherwise the

@@ -168,7 +168,7 @@ type statements struct {
 	seePrimary                                                                stmt
 	fenceEnd                                                                  stmt // SPEC F1
 	beginWrite                                                                string
-	isolation                                                sql.IsolationLevel
+	isolation                                                                 sql.IsolationLevel
 	sweepReturnsCount                                                         bool
 }
 

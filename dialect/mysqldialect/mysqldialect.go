@@ -23,7 +23,10 @@
 // its own: a fenced transaction holds the lease's holder row in share mode
 // (LOCK IN SHARE MODE), which a takeover must lock exclusively to delete,
 // while a renewal only takes a share lock on that row and updates the
-// expiry row (SPEC F1, H7).
+// expiry row (SPEC F1, H7). The fence also lowers the session's idle
+// timeouts to the TTL, so the server ends a fenced transaction left idle
+// that long (migration 00006); an acquire abandoned while its CALL waits
+// is stopped with KILL QUERY (SPEC H6; cancel.go).
 //
 // Concurrent migrate.Up calls queue on goose's MySQL table locker, one lock
 // table per namespace (SPEC D1). There are no push wake-ups: waiters poll.
