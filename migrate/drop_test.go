@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,8 +38,10 @@ func testDrop(t *testing.T, db *sql.DB, d dialect.Dialect, ns dialect.Namespace,
 		t.Fatalf("WithProgress saw %d results for %d applied migrations", len(results), len(applied))
 	}
 	for i, r := range results {
-		if r.Name != applied[i] || r.Direction != "up" || r.Version != int64(i+1) || r.Duration <= 0 {
-			t.Errorf("progress result %d = %+v; want %s up, version %d, a positive duration", i, r, applied[i], i+1)
+		// The version is the file's number (numbers may have gaps).
+		v, _ := strconv.ParseInt(strings.SplitN(applied[i], "_", 2)[0], 10, 64)
+		if r.Name != applied[i] || r.Direction != "up" || r.Version != v || v == 0 || r.Duration <= 0 {
+			t.Errorf("progress result %d = %+v; want %s up, version %d, a positive duration", i, r, applied[i], v)
 		}
 	}
 	l, err := lock.New(ctx, db, d, lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix), lock.WithTTL(time.Minute))

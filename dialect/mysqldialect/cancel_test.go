@@ -105,8 +105,8 @@ func blockNamedLock(t *testing.T, ctx context.Context, db *sql.DB, _ func(string
 }
 
 // blockFencedRow leaves an expired lease of key whose holder row a fenced
-// transaction holds in share mode, so a takeover waits for its row lock,
-// until the returned function rolls the transaction back.
+// transaction, kept busy, holds in share mode, so a takeover waits for its
+// row lock, until the returned function rolls the transaction back.
 func blockFencedRow(t *testing.T, ctx context.Context, db *sql.DB, newLocker func(string) *lock.Locker, _, key string) func() {
 	h := newLocker("holder")
 	le, err := h.TryAcquire(ctx, key, lock.Exclusive)
@@ -121,6 +121,27 @@ func blockFencedRow(t *testing.T, ctx context.Context, db *sql.DB, newLocker fun
 		t.Fatal(err)
 	}
 	le.Orphan()
+	// The transaction stays busy, as a live holder's would: idle for the
+	// TTL, the server would end it (the fence's idle timeout, SPEC F1).
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				_ = tx.Rollback()
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			if _, err := tx.ExecContext(ctx, "DO 0"); err != nil {
+				t.Errorf("blocking fenced transaction: %v", err)
+			}
+		}
+	}()
 	time.Sleep(time.Until(le.Expiry()) + 100*time.Millisecond)
-	return func() { _ = tx.Rollback() }
+	return func() {
+		close(done)
+		<-stopped
+	}
 }
