@@ -358,6 +358,14 @@ type Statements struct {
 	// bound how long the database lets the transaction sit idle
 	// (CapFenceIdleTimeout).
 	Fence string
+	// FenceEnd is optional: run alone in autocommit on the connection of
+	// a fenced transaction once it ended (Lease.RunInTx), it puts back the
+	// session settings Fence changed, when those are not
+	// transaction-scoped (MySQL: MariaDB's idle-transaction timeouts), so
+	// the connection goes back to the pool as it was; the engine discards
+	// the connection when it fails. No parameters. Empty: Fence changes
+	// nothing that outlives the transaction (SPEC F1).
+	FenceEnd string
 	// Holders lists every lease and pending-writer marker whose key starts
 	// with @key_prefix, expired ones included, as rows (key, mode, lease_id,
 	// owner, token, expires_us, now_us) ordered by key and token; markers

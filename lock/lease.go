@@ -498,6 +498,14 @@ func (le *Lease) Orphan() {
 // takes the database write lock, so on SQLite Fence must be the first
 // statement of tx. Renewals are not blocked on PostgreSQL (SPEC H7).
 //
+// With dialect.CapFenceIdleTimeout the server ends tx when it sits idle
+// for about the TTL. PostgreSQL scopes that bound to tx; MySQL sets it on
+// the session (MariaDB's idle_transaction_timeout, MySQL 8's
+// wait_timeout, in whole seconds): RunInTx puts it back once the
+// transaction ended, but after Fence in a transaction of your own the
+// connection keeps it, so a later transaction on that pooled connection
+// idle for longer than the TTL is ended too. Prefer RunInTx there.
+//
 // Errors: a *LeaseLostError (ErrLeaseLost) when the lease is lost, locally
 // or in the database; tx must then not commit (RunInTx rolls it back; SPEC
 // F2). An error matching ErrNotHeld and ErrReleased after Release (not a
@@ -543,6 +551,9 @@ func (le *Lease) Fence(ctx context.Context, tx *sql.Tx) error {
 func (le *Lease) RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	if db == nil {
 		return inputErr("database", "nil", "RunInTx needs the *sql.DB the lease lives in")
+	}
+	if le.l.st.fenceEnd.ok {
+		return le.runOnConn(ctx, db, opts, fn)
 	}
 	return RunFenced(ctx, le, func(ctx context.Context) (*sql.Tx, *sql.Tx, error) {
 		tx, err := db.BeginTx(ctx, opts)

@@ -167,6 +167,7 @@ type statements struct {
 	probeFIFO, dequeue                                                        stmt
 	grant, mark                                                               stmt // fast paths
 	seePrimary                                                                stmt
+	fenceEnd                                                                  stmt // SPEC F1
 	beginWrite                                                                string
 	// replicated: the dialect's servers can have replicas (Statements.Primary
 	// is set), so a success reported after its deadline is an unknown
@@ -318,6 +319,7 @@ func (l *Locker) compile() error {
 		{"Grant", fp.Grant, &l.st.grant, false},
 		{"Mark", fp.Mark, &l.st.mark, false},
 		{"SeePrimary", s.SeePrimary, &l.st.seePrimary, false},
+		{"FenceEnd", s.FenceEnd, &l.st.fenceEnd, false},
 	} {
 		if *x.dst, err = one(x.name, x.text, x.required); err != nil {
 			return err

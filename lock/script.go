@@ -165,7 +165,10 @@ func waitUntil(ctx context.Context) lockWait {
 // writeConn takes the write gate and a connection of db for an engine
 // statement. On a dialect.LockWaiter dialect it bounds the connection's
 // lock waits as lw says until done, which restores them (or discards the
-// connection) and leaves the gate. Its errors are *notSentError.
+// connection) and leaves the gate. When ctx carries an acquire attempt's
+// killSlot (dialect.Killer), the connection is recorded there until done,
+// so the caller giving up can stop its statement on the server (SPEC H6).
+// Its errors are *notSentError.
 func (l *Locker) writeConn(ctx context.Context, db *sql.DB, lw lockWait) (*sql.Conn, func(), error) {
 	leave, err := l.enter(ctx)
 	if err != nil {
@@ -198,19 +201,36 @@ func (l *Locker) writeConn(ctx context.Context, db *sql.DB, lw lockWait) (*sql.C
 			return nil, nil, &notSentError{err}
 		}
 	}
-	return conn, func() {
-		if restore != nil {
-			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			if err := restore(rctx); err != nil {
-				// Never hand the application a connection with the
-				// engine's lock wait.
-				_ = conn.Raw(func(any) error { return errBadConn })
-			}
-			cancel()
+	slot := killSlotFrom(ctx)
+	if slot != nil {
+		if err := slot.enter(ctx, conn); err != nil {
+			finish(conn, restore)
+			leave()
+			return nil, nil, &notSentError{err}
 		}
-		_ = conn.Close()
+	}
+	return conn, func() {
+		if slot != nil {
+			slot.leave(conn)
+		}
+		finish(conn, restore)
 		leave()
 	}, nil
+}
+
+// finish restores conn's lock wait (discarding it when that fails) and
+// returns it to its pool.
+func finish(conn *sql.Conn, restore func(context.Context) error) {
+	if restore != nil {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if err := restore(rctx); err != nil {
+			// Never hand the application a connection with the
+			// engine's lock wait.
+			_ = conn.Raw(func(any) error { return errBadConn })
+		}
+		cancel()
+	}
+	_ = conn.Close()
 }
 
 // poolLockWait returns db's own lock-wait bound (dialect.LockWaitReader),

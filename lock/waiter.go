@@ -150,9 +150,18 @@ func (w *waiter) plan() {
 func (w *waiter) attempt() (err error) {
 	l := w.l
 	timeout, lw := acquireBounds(l.cfg.stmtTimeout, w.hard, w.cancels)
+	if _, ok := l.d.(dialect.Killer); ok && !w.hard.IsZero() {
+		// Room to kill the statement and read its reply (watchCaller).
+		timeout = min(l.cfg.stmtTimeout, max(time.Until(w.hard), 0)+killWait)
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), timeout)
 	defer cancel()
+	// When the caller gives up, the statement is stopped (see watchCaller);
+	// either way its outcome is known before undo runs.
+	sctx, slot, stop := w.watchCaller(sctx, cancel)
+	defer stop()
 	defer func() {
+		err = slot.outcome(err)
 		if err == nil && w.res.granted && l.st.replicated && sctx.Err() != nil {
 			err = errUnconfirmed
 		}
@@ -160,11 +169,6 @@ func (w *waiter) attempt() (err error) {
 			w.res, err = l.pauseRefusal(sctx, w.key)
 		}
 	}()
-	// When the caller gives up, let the statement finish for a moment, then
-	// cancel it through the driver (which aborts it on the server); either
-	// way its outcome is known before undo runs.
-	stop := context.AfterFunc(w.ctx, func() { time.AfterFunc(acquireCancelGrace, cancel) })
-	defer stop()
 	w.res = acquireResult{}
 	vals := l.acquireVals(w.key, w.mode, w.leaseID, w.markerUS, w.watchUS, w.limit, w.tk)
 	probe, script := l.st.probe, l.st.acquire

@@ -23,7 +23,10 @@
 // its own: a fenced transaction holds the lease's holder row in share mode
 // (LOCK IN SHARE MODE), which a takeover must lock exclusively to delete,
 // while a renewal only takes a share lock on that row and updates the
-// expiry row (SPEC F1, H7).
+// expiry row (SPEC F1, H7). The fence also lowers the session's idle
+// timeouts to the TTL, so the server ends a fenced transaction left idle
+// that long (migration 00006); an acquire abandoned while its CALL waits
+// is stopped with KILL QUERY (SPEC H6; cancel.go).
 //
 // A Locker renews the leases due in one CALL per batch of up to 2,500
 // (migration 00005: the listed pairs are read with JSON_TABLE, so MySQL
@@ -81,10 +84,12 @@ func New() Dialect { return Dialect{} }
 // Name returns "mysql".
 func (Dialect) Name() string { return Name }
 
-// Capabilities: schemas (MySQL databases), row-lock fences and concurrent
-// writers. No notifications: waiters poll.
+// Capabilities: schemas (MySQL databases), row-lock fences bounded by an
+// idle timeout (migration 00006: MariaDB's idle_transaction_timeout,
+// MySQL 8's wait_timeout, each in whole seconds) and concurrent writers.
+// No notifications: waiters poll.
 func (Dialect) Capabilities() dialect.Capabilities {
-	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters
+	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapFenceIdleTimeout
 }
 
 // QuoteIdent back-quotes name, doubling embedded back quotes.
@@ -240,15 +245,15 @@ func (Dialect) Statements() dialect.Statements {
 		RenewBatch:  `CALL {renew_batch}(@leases, @ttl_us)`,
 		Release:     `CALL {release}(@lease_id, @token)`,
 		ClearMarker: `CALL {clear_marker}(@key, @lease_id)`,
-		// The locking clause locks the holder row only: rows a subquery
-		// reads are not locked, so renewals (which update the expiry row)
-		// are not blocked, and a takeover (which deletes the holder row)
-		// is.
-		Fence: `SELECT (SELECT e.expires_us FROM {expiry} e WHERE e.lease_id = h.lease_id) AS expires_us, ` + nowUS + ` AS now_us
-FROM {holders} h
-WHERE h.lease_id = @lease_id AND h.token = @token
-  AND (SELECT e.expires_us FROM {expiry} e WHERE e.lease_id = h.lease_id) > ` + nowUS + `
-LOCK IN SHARE MODE`,
+		// The fence procedure (migration 00006) locks the holder row
+		// only: rows a subquery reads are not locked, so renewals (which
+		// update the expiry row) are not blocked, and a takeover (which
+		// deletes the holder row) is. On MariaDB it also lowers the
+		// session's idle-transaction timeouts to the TTL in whole seconds,
+		// so the server ends a fenced transaction left idle that long
+		// (CapFenceIdleTimeout); FenceEnd puts them back.
+		Fence:    `CALL {fence}(@lease_id, @token, @ttl_us)`,
+		FenceEnd: `CALL {fence_end}()`,
 		Holders: `SELECT h.lock_key, h.mode, h.lease_id, h.owner, h.token, e.expires_us, ` + nowUS + ` AS now_us
 FROM {holders} h JOIN {expiry} e ON e.lease_id = h.lease_id
 WHERE LEFT(h.lock_key, LENGTH(@key_prefix)) = @key_prefix

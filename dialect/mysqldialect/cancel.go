@@ -1,0 +1,73 @@
+package mysqldialect
+
+// Stopping an abandoned acquire on the server (SPEC H6). go-sql-driver/mysql
+// closes the connection when a statement's context ends, and the server
+// goes on running the statement: an acquire CALL waiting for the per-key
+// lock or a fenced row would grant after the caller gave up. The engine
+// (dialect.Killer) kills it instead with KILL QUERY from another connection
+// and reads its reply.
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"sync"
+
+	"github.com/sqlease/sqlease/dialect"
+)
+
+var _ dialect.Killer = Dialect{}
+
+// sessionIDs caches CONNECTION_ID() per driver connection, so an acquire
+// costs no extra round trip on a connection seen before. Entries of closed
+// connections are dropped whenever the cache has doubled since the last
+// pruning, so it stays within twice the connections alive.
+var sessionIDs = struct {
+	sync.Mutex
+	m     map[any]int64
+	prune int // prune when len(m) reaches it
+}{m: map[any]int64{}, prune: 64}
+
+// SessionID returns conn's CONNECTION_ID(), cached per driver connection
+// (dialect.Killer). Errors are the database's.
+func (Dialect) SessionID(ctx context.Context, conn *sql.Conn) (int64, error) {
+	var dc any
+	if err := conn.Raw(func(c any) error { dc = c; return nil }); err != nil {
+		return 0, err
+	}
+	sessionIDs.Lock()
+	id, ok := sessionIDs.m[dc]
+	sessionIDs.Unlock()
+	if ok {
+		return id, nil
+	}
+	if err := conn.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id); err != nil {
+		return 0, fmt.Errorf("mysqldialect: session ID: %w", err)
+	}
+	sessionIDs.Lock()
+	defer sessionIDs.Unlock()
+	sessionIDs.m[dc] = id
+	if len(sessionIDs.m) >= sessionIDs.prune {
+		for c := range sessionIDs.m {
+			if v, ok := c.(driver.Validator); ok && !v.IsValid() {
+				delete(sessionIDs.m, c)
+			}
+		}
+		sessionIDs.prune = max(64, 2*len(sessionIDs.m))
+	}
+	return id, nil
+}
+
+// Kill sends KILL QUERY id on a connection of db (dialect.Killer): the
+// server interrupts the statement session id runs (a wait for GET_LOCK or
+// a row lock ends at once), which then fails with error 1317 having
+// committed nothing it had not committed already. A user may kill the
+// statements of its own sessions without any privilege. Errors are the
+// database's.
+func (Dialect) Kill(ctx context.Context, db *sql.DB, id int64) error {
+	if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL QUERY %d", id)); err != nil {
+		return fmt.Errorf("mysqldialect: KILL QUERY %d: %w", id, err)
+	}
+	return nil
+}
