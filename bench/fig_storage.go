@@ -518,8 +518,9 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 	lmu.Lock()
 	ok0, lat0 := renewOK.Load(), len(batchLat)
 	lmu.Unlock()
-	t = time.Now()
+	t, cpu0 := time.Now(), processCPU()
 	time.Sleep(2 * interval)
+	cpu := processCPU() - cpu0
 	stmts := inj.Count("")
 	pragmas := inj.Count("PRAGMA busy_timeout")
 	lmu.Lock()
@@ -542,10 +543,12 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 		figure("batchrenew.batch_latency.p50", e.dialect, ms(percentile(lat, 50)), "ms", nil, info),
 		figure("batchrenew.lost", e.dialect, float64(lost.Load()), "leases", nil, exactly(0, "leases")),
 		figure("batchrenew.heap_per_lease", e.dialect, perLease, "bytes/lease", nil, below(2048, "bytes/lease")),
+		figure("batchrenew.cpu_per_interval", e.dialect, ms(cpu)/intervals, "ms", nil, info),
 	}
 	for i := range out {
 		out[i].Note = note
 	}
 	out[5].Note = lostNote
+	out[7].Note = "CPU time (user + system) of the bench process per renewal interval, while only renewals run (getrusage; the database server's CPU is not in it); " + note
 	return out, nil
 }

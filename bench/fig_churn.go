@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sqlease/sqlease/internal/pgcluster"
+	"github.com/sqlease/sqlease/lock"
+)
+
+// The churn figure: --churn-grants grants (TryAcquire + Release) by
+// churnClients clients, each cycling over churnKeys keys of its own, with
+// autovacuum on. The shared PostgreSQL server of the bench machine runs
+// with autovacuum off, so on PostgreSQL the figure runs on a private
+// cluster (internal/pgcluster: PostgreSQL's default autovacuum settings,
+// fsync off) when one can be started, else on --dsn (the note says so).
+// The run is cut in churnSegments segments; after each, the figure reads
+// the lock tables' sizes and the segment's throughput. Targets: the
+// throughput of the last segment is at least 0.8x the first's, and the
+// holders table at the end is at most 4x its size at the middle (bounded,
+// not growing with the grants).
+
+const (
+	churnClients  = 4
+	churnKeys     = 1000
+	churnSegments = 20
+)
+
+// figChurn runs the churn on a private cluster (PostgreSQL) or e.
+func figChurn(ctx context.Context, e *env) ([]Figure, error) {
+	where := "the bench database"
+	if e.isPG() {
+		if why := pgcluster.Unavailable(); why != "" {
+			where = "--dsn (autovacuum as the server has it; no private cluster: " + why + ")"
+		} else {
+			c, err := pgcluster.New(ctx, pgcluster.Config{})
+			if err != nil {
+				return nil, fmt.Errorf("private cluster: %w", err)
+			}
+			defer c.Remove()
+			pe, err := setup(ctx, config{dsn: c.DSN(), rounds: 1, scale: e.cfg.scale})
+			if err != nil {
+				return nil, err
+			}
+			defer pe.close()
+			e, where = pe, "a private PostgreSQL cluster (autovacuum on, default settings; fsync off)"
+		}
+	}
+	return churn(ctx, e, where)
+}
+
+// churnPoint is the state after one segment.
+type churnPoint struct {
+	grants     int
+	opsPerSec  float64
+	load       float64
+	total      float64 // bytes: holders with its indexes and TOAST (SQLite: the database file and its WAL)
+	heap, idx  float64 // bytes: holders' table and indexes (SQLite: 0)
+	otherTotal float64 // bytes: markers, watches, tickets (PostgreSQL)
+}
+
+// churn runs the grants on e and reports.
+func churn(ctx context.Context, e *env, where string) ([]Figure, error) {
+	total := e.cfg.scale.churnGrants
+	l, err := e.newLocker(ctx, e.db)
+	if err != nil {
+		return nil, err
+	}
+	defer closeLocker(l)
+	p0, err := churnSizes(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	points := []churnPoint{p0}
+	var done atomic.Int64
+	seg := max(total/churnSegments, 1)
+	for n := seg; n <= total; n += seg {
+		t := time.Now()
+		if err := churnUntil(ctx, l, &done, int64(n)); err != nil {
+			return nil, err
+		}
+		p, err := churnSizes(ctx, e)
+		if err != nil {
+			return nil, err
+		}
+		p.grants, p.opsPerSec, p.load = n, float64(seg)/time.Since(t).Seconds(), loadAverage()
+		points = append(points, p)
+	}
+	return churnFigures(e, where, points), nil
+}
+
+// churnUntil runs churnClients clients until done reaches target grants.
+func churnUntil(ctx context.Context, l *lock.Locker, done *atomic.Int64, target int64) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for c := 0; c < churnClients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				if done.Add(1) > target {
+					done.Add(-1)
+					return
+				}
+				le, err := l.TryAcquire(ctx, "bench/churn/"+strconv.Itoa(c)+"/"+strconv.Itoa(i%churnKeys), lock.Exclusive)
+				if err == nil {
+					err = le.Release(ctx)
+				}
+				if err != nil {
+					mu.Lock()
+					first = keepFirst(first, err)
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return keepFirst(first, ctx.Err())
+}
+
+// churnSizes reads the lock tables' sizes.
+func churnSizes(ctx context.Context, e *env) (churnPoint, error) {
+	var p churnPoint
+	if e.isPG() {
+		h := e.ns.Object(e.d, "holders")
+		var others []string
+		for _, t := range []string{"markers", "watches", "tickets"} {
+			others = append(others, "pg_total_relation_size('"+e.ns.Object(e.d, t)+"')")
+		}
+		err := e.db.QueryRowContext(ctx, `SELECT pg_total_relation_size($1)::float8, pg_relation_size($1)::float8, pg_indexes_size($1)::float8, (`+
+			others[0]+" + "+others[1]+" + "+others[2]+`)::float8`, h).Scan(&p.total, &p.heap, &p.idx, &p.otherTotal)
+		return p, err
+	}
+	var pages, size float64
+	if err := e.db.QueryRowContext(ctx, `SELECT page_count, page_size FROM pragma_page_count(), pragma_page_size()`).Scan(&pages, &size); err != nil {
+		return p, err
+	}
+	p.total = pages * size
+	if st, err := os.Stat(e.dir + "/bench.db-wal"); err == nil {
+		p.total += float64(st.Size())
+	}
+	return p, nil
+}
+
+// churnFigures reports sizes at start, middle and end, and throughput at
+// the start and the end, and registers the curves.
+func churnFigures(e *env, where string, pts []churnPoint) []Figure {
+	first, mid, last := pts[1], pts[len(pts)/2], pts[len(pts)-1]
+	note := fmt.Sprintf("%d grants by %d clients over %d keys each, on %s; load %.1f at the first segment, %.1f at the last", last.grants, churnClients, churnKeys, where, first.load, last.load)
+	var out []Figure
+	add := func(f Figure) {
+		f.Note = note
+		out = append(out, f)
+	}
+	add(figure("churn.ops.end", e.dialect, last.opsPerSec, "ops/s", base("start", first.opsPerSec), ratioAtLeast(0.8)))
+	what := "holders (table, indexes, TOAST)"
+	if !e.isPG() {
+		what = "database file and WAL"
+	}
+	for _, s := range []struct {
+		at string
+		p  churnPoint
+	}{{"start", pts[0]}, {"middle", mid}, {"end", last}} {
+		add(figure("churn.size."+s.at, e.dialect, s.p.total, "bytes", nil, info))
+		if e.isPG() {
+			add(figure("churn.size."+s.at+".heap", e.dialect, s.p.heap, "bytes", nil, info))
+			add(figure("churn.size."+s.at+".indexes", e.dialect, s.p.idx, "bytes", nil, info))
+			add(figure("churn.size."+s.at+".other_tables", e.dialect, s.p.otherTotal, "bytes", nil, info))
+		}
+	}
+	add(figure("churn.size.growth", e.dialect, last.total, "bytes", base("middle", mid.total), atMostRatio(4)))
+	out[len(out)-1].Note = what + " at the end against the middle; " + note
+	var xs, ops, sizes []float64
+	for _, p := range pts[1:] {
+		xs, ops, sizes = append(xs, float64(p.grants)), append(ops, p.opsPerSec), append(sizes, p.total/1024)
+	}
+	addCurve("churn.ops", e.dialect, "grants", "ops/s (segment)", false, series2("sqlease", xs, ops))
+	addCurve("churn.size", e.dialect, "grants", "KiB: "+what, false, series2("sqlease", xs, sizes))
+	return out
+}
+
+// atMostRatio wants the ratio to the baseline to be at most x.
+func atMostRatio(x float64) target {
+	return target{text: fmt.Sprintf("<= %gx", x), met: func(_ float64, r *float64) bool { return r != nil && *r <= x }}
+}
