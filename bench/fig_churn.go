@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sqlease/sqlease/internal/pgcluster"
@@ -14,7 +12,7 @@ import (
 )
 
 // The churn figure: --churn-grants grants (TryAcquire + Release) by
-// churnClients clients, each cycling over churnKeys keys of its own, with
+// churnClients clients, cycling over churnClients*churnKeys keys, with
 // autovacuum on. The shared PostgreSQL server of the bench machine runs
 // with autovacuum off, so on PostgreSQL the figure runs on a private
 // cluster (internal/pgcluster: PostgreSQL's default autovacuum settings,
@@ -77,11 +75,10 @@ func churn(ctx context.Context, e *env, where string) ([]Figure, error) {
 		return nil, err
 	}
 	points := []churnPoint{p0}
-	var done atomic.Int64
 	seg := max(total/churnSegments, 1)
 	for n := seg; n <= total; n += seg {
 		t := time.Now()
-		if err := churnUntil(ctx, l, &done, int64(n)); err != nil {
+		if err := churnGrants(ctx, l, n-seg, seg); err != nil {
 			return nil, err
 		}
 		p, err := churnSizes(ctx, e)
@@ -94,35 +91,17 @@ func churn(ctx context.Context, e *env, where string) ([]Figure, error) {
 	return churnFigures(e, where, points), nil
 }
 
-// churnUntil runs churnClients clients until done reaches target grants.
-func churnUntil(ctx context.Context, l *lock.Locker, done *atomic.Int64, target int64) error {
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var first error
-	for c := 0; c < churnClients; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ctx.Err() == nil; i++ {
-				if done.Add(1) > target {
-					done.Add(-1)
-					return
-				}
-				le, err := l.TryAcquire(ctx, "bench/churn/"+strconv.Itoa(c)+"/"+strconv.Itoa(i%churnKeys), lock.Exclusive)
-				if err == nil {
-					err = le.Release(ctx)
-				}
-				if err != nil {
-					mu.Lock()
-					first = keepFirst(first, err)
-					mu.Unlock()
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return keepFirst(first, ctx.Err())
+// churnGrants grants and releases n keys, from grant number from on, with
+// churnClients clients; grant i takes key i modulo churnClients*churnKeys,
+// so no two clients meet on a key.
+func churnGrants(ctx context.Context, l *lock.Locker, from, n int) error {
+	return parallel(ctx, churnClients, n, func(i int) error {
+		le, err := l.TryAcquire(ctx, "bench/churn/"+strconv.Itoa((from+i)%(churnClients*churnKeys)), lock.Exclusive)
+		if err != nil {
+			return err
+		}
+		return le.Release(ctx)
+	})
 }
 
 // churnSizes reads the lock tables' sizes.

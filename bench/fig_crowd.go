@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"slices"
@@ -12,10 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sqlease/sqlease/dialect"
-	"github.com/sqlease/sqlease/dialect/pgdialect"
-	"github.com/sqlease/sqlease/dialect/sqlitedialect"
-	"github.com/sqlease/sqlease/internal/faultdb"
 	"github.com/sqlease/sqlease/lock"
 )
 
@@ -42,25 +37,11 @@ const crowdConns = 6
 // crowdChildMain is a crowd child process.
 func crowdChildMain() int {
 	ctx := context.Background()
-	var d dialect.Dialect = sqlitedialect.New()
-	drv := "sqlite3"
-	if os.Getenv(childDialectEnv) == pgdialect.Name {
-		d, drv = pgdialect.New(), "pgx"
-	}
-	dsn := os.Getenv(childDSNEnv)
-	raw, err := sql.Open(drv, dsn)
+	e, db, inj, err := childCountingDB()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crowd child:", err)
 		return 1
 	}
-	conn, err := faultdb.DSNConnector(raw.Driver(), dsn)
-	_ = raw.Close()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "crowd child:", err)
-		return 1
-	}
-	inj := faultdb.New()
-	db := sql.OpenDB(inj.Connector(conn))
 	defer db.Close()
 	db.SetMaxOpenConns(crowdConns)
 	db.SetMaxIdleConns(crowdConns)
@@ -86,7 +67,6 @@ func crowdChildMain() int {
 		return 1
 	}
 	rss0 := rssKiB()
-	e := &env{d: d, ns: dialect.Namespace{Schema: os.Getenv(childSchemaEnv)}, quiet: quietLogger()}
 	lockers := make([]*lock.Locker, n)
 	for i := range lockers {
 		if lockers[i], err = e.newLocker(ctx, db); err != nil {
@@ -118,7 +98,7 @@ func crowdChildMain() int {
 			say("ev %d", at)
 		}()
 	}
-	for mark := herdAttemptMark(d); inj.Count(mark) < n; {
+	for mark := herdAttemptMark(e.d); inj.Count(mark) < n; {
 		time.Sleep(10 * time.Millisecond)
 	}
 	say("queued %d %d", rss0, rssKiB())

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"strconv"
@@ -13,8 +12,6 @@ import (
 
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/dialect/pgdialect"
-	"github.com/sqlease/sqlease/dialect/sqlitedialect"
-	"github.com/sqlease/sqlease/internal/faultdb"
 	"github.com/sqlease/sqlease/lock"
 )
 
@@ -44,28 +41,13 @@ const (
 // herdChildMain is a herd child process.
 func herdChildMain() int {
 	ctx := context.Background()
-	var d dialect.Dialect = sqlitedialect.New()
-	drv := "sqlite3"
-	if os.Getenv(childDialectEnv) == pgdialect.Name {
-		d, drv = pgdialect.New(), "pgx"
-	}
-	dsn := os.Getenv(childDSNEnv)
-	raw, err := sql.Open(drv, dsn)
+	e, db, inj, err := childCountingDB()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "herd child:", err)
 		return 1
 	}
-	conn, err := faultdb.DSNConnector(raw.Driver(), dsn)
-	_ = raw.Close()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "herd child:", err)
-		return 1
-	}
-	inj := faultdb.New()
-	db := sql.OpenDB(inj.Connector(conn))
 	defer db.Close()
 	db.SetMaxIdleConns(herdPerProc + 2)
-	e := &env{d: d, ns: dialect.Namespace{Schema: os.Getenv(childSchemaEnv)}, quiet: quietLogger()}
 	lockers := make([]*lock.Locker, herdPerProc)
 	for i := range lockers {
 		if lockers[i], err = e.newLocker(ctx, db); err != nil {
@@ -74,7 +56,7 @@ func herdChildMain() int {
 		}
 		defer closeLocker(lockers[i])
 	}
-	attemptMark := herdAttemptMark(d)
+	attemptMark := herdAttemptMark(e.d)
 	fmt.Println("ready")
 	sc := bufio.NewScanner(os.Stdin)
 	if !sc.Scan() {

@@ -438,35 +438,8 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 	if !e.isPG() {
 		workers = 1 // SQLite has one writer
 	}
-	// parallel runs f(i) for i in [0, n) on workers goroutines.
-	parallel := func(n int, f func(i int) error) error {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var first error
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					i := int(next.Add(1)) - 1
-					if i >= n || ctx.Err() != nil {
-						return
-					}
-					if err := f(i); err != nil {
-						mu.Lock()
-						first = keepFirst(first, err)
-						mu.Unlock()
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		return keepFirst(first, ctx.Err())
-	}
 	key := func(i int) string { return "bench/batch/" + strconv.Itoa(i) }
-	if err := parallel(workers*4, func(i int) error { // warm the pools
+	if err := parallel(ctx, workers, workers*4, func(i int) error { // warm the pools
 		le, err := l.TryAcquire(ctx, key(i), lock.Exclusive)
 		if err == nil {
 			err = le.Release(ctx)
@@ -481,7 +454,7 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 	runtime.GC()
 	runtime.ReadMemStats(&m0)
 	t := time.Now()
-	err = parallel(n, func(i int) (err error) {
+	err = parallel(ctx, workers, n, func(i int) (err error) {
 		// The server is shared: ride out a moment of "too many clients".
 		for try := 0; ; try++ {
 			leases[i], err = l.TryAcquire(ctx, key(i), lock.Exclusive)
@@ -551,4 +524,33 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 	out[5].Note = lostNote
 	out[7].Note = "CPU time (user + system) of the bench process per renewal interval, while only renewals run (getrusage; the database server's CPU is not in it); " + note
 	return out, nil
+}
+
+// parallel runs f(i) for i in [0, n) on workers goroutines, each taking
+// the next i, and returns the first error (or the context's).
+func parallel(ctx context.Context, workers, n int, f func(i int) error) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				if err := f(i); err != nil {
+					mu.Lock()
+					first = keepFirst(first, err)
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return keepFirst(first, ctx.Err())
 }
