@@ -20,7 +20,7 @@ import (
 // The run is cut in churnSegments segments; after each, the figure reads
 // the lock tables' sizes and the segment's throughput. Targets: the
 // throughput of the last segment is at least 0.8x the first's, and the
-// holders table at the end is at most 4x its size at the middle (bounded,
+// holders table at the end is at most 1.25x its size at the middle (bounded,
 // not growing with the grants).
 
 const (
@@ -154,7 +154,7 @@ func churnFigures(e *env, where string, pts []churnPoint) []Figure {
 			add(figure("churn.size."+s.at+".other_tables", e.dialect, s.p.otherTotal, "bytes", nil, info))
 		}
 	}
-	add(figure("churn.size.growth", e.dialect, last.total, "bytes", base("middle", mid.total), atMostRatio(4)))
+	add(figure("churn.size.growth", e.dialect, last.total, "bytes", base("middle", mid.total), atMostRatio(1.25)))
 	out[len(out)-1].Note = what + " at the end against the middle; " + note
 	var xs, ops, sizes []float64
 	for _, p := range pts[1:] {

@@ -75,29 +75,7 @@ func crowdChildMain() int {
 		}
 		defer closeLocker(lockers[i])
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	grants, errs := 0, 0
-	for _, l := range lockers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			le, err := l.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Minute))
-			at := time.Now().UnixNano()
-			if err == nil {
-				err = le.Release(ctx)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs++
-				fmt.Fprintln(os.Stderr, "crowd child:", err)
-				return
-			}
-			grants++
-			say("ev %d", at)
-		}()
-	}
+	t := acquireAll(ctx, "crowd child", lockers, key, 10*time.Minute, 0, func(at int64) { say("ev %d", at) })
 	for mark := herdAttemptMark(e.d); inj.Count(mark) < n; {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -114,8 +92,8 @@ func crowdChildMain() int {
 			break
 		}
 	}
-	wg.Wait()
-	say("done %d %d", grants, errs)
+	t.wg.Wait()
+	say("done %d %d", t.grants, t.errs)
 	return 0
 }
 

@@ -7,7 +7,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
@@ -66,28 +65,7 @@ func herdChildMain() int {
 	if cmd != "go" {
 		return 1
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	grants, errs := 0, 0
-	for _, l := range lockers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			le, err := l.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(2*time.Minute))
-			if err == nil {
-				time.Sleep(herdHold)
-				err = le.Release(ctx)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs++
-				fmt.Fprintln(os.Stderr, "herd child:", err)
-				return
-			}
-			grants++
-		}()
-	}
+	t := acquireAll(ctx, "herd child", lockers, key, 2*time.Minute, herdHold, nil)
 	// Every waiter has made its first attempt once this many acquire
 	// attempts were counted.
 	for inj.Count(attemptMark) < herdPerProc {
@@ -98,8 +76,8 @@ func herdChildMain() int {
 		return 1
 	}
 	inj.ResetCounts()
-	wg.Wait()
-	fmt.Printf("done %d %d %d %d\n", inj.Count(""), inj.Count(attemptMark), grants, errs)
+	t.wg.Wait()
+	fmt.Printf("done %d %d %d %d\n", inj.Count(""), inj.Count(attemptMark), t.grants, t.errs)
 	return 0
 }
 

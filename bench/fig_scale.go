@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sqlease/sqlease/lock"
 )
@@ -17,12 +18,13 @@ import (
 
 // scaleConfig sizes the scale figures.
 type scaleConfig struct {
-	liveLeases   []int  // live-lease levels of the scaleleases figure
-	crowdWaiters []int  // waiter counts of the crowd figure
-	crowdProcs   int    // processes the crowd's waiters are spread over
-	churnGrants  int    // grants of the churn figure
-	renewLeases  int    // leases of the renewmany figure
-	plotDir      string // where the SVG plots go ("" or "-": none)
+	liveLeases   []int         // live-lease levels of the scaleleases figure
+	crowdWaiters []int         // waiter counts of the crowd figure
+	crowdProcs   int           // processes the crowd's waiters are spread over
+	churnGrants  int           // grants of the churn figure
+	renewLeases  int           // leases of the renewmany figure
+	renewTTL     time.Duration // their TTL
+	plotDir      string        // where the SVG plots go ("" or "-": none)
 }
 
 // scaleFlags registers the scale figures' flags on cfg.
@@ -39,6 +41,7 @@ func scaleFlags(cfg *scaleConfig) {
 	flag.IntVar(&cfg.crowdProcs, "crowd-procs", 5, "processes the crowd figure's waiters are spread over")
 	flag.IntVar(&cfg.churnGrants, "churn-grants", 1_000_000, "grants of the churn figure")
 	flag.IntVar(&cfg.renewLeases, "renew-leases", 100_000, "leases held and renewed by one Locker in the renewmany figure")
+	flag.DurationVar(&cfg.renewTTL, "renew-ttl", lock.DefaultTTL, "TTL of the renewmany figure's leases (renewed every third of it)")
 	flag.StringVar(&cfg.plotDir, "plots", "docs/plots", "write SVG plots of the figures measured to `DIR` (\"-\": none)")
 }
 

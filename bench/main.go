@@ -66,6 +66,7 @@ func run() int {
 	flag.BoolVar(&cfg.batchRenewDB, "batch-renew-db", false, "SQLite: renew the batch-renewal figure's leases through a separate pool (lock.WithRenewDB; always so on PostgreSQL)")
 	only := flag.String("only", "", "run only these comma-separated `STEPS` (roundtrips, exclusive1, exclusive8, shared1, shared8, handoff, herd, takeover, waiterload, crosskey, wal, batch; scale figures, not run by default: scaleleases, crowd, churn, renewmany, or scale for the four)")
 	scaleFlags(&cfg.scale)
+	cpuProfile := flag.String("cpuprofile", "", "write a pprof CPU profile of the bench process to `FILE`")
 	flag.BoolVar(&cfg.quick, "quick", false, "shorter run: 3 rounds of 300ms, 3s waiter hold, 2,000 leases in the batch-renewal figure (defaults: 5 rounds of 800ms, 8s hold, 10,000 leases)")
 	flag.Parse()
 	set := map[string]bool{}
@@ -86,6 +87,14 @@ func run() int {
 		return 2
 	}
 
+	if *cpuProfile != "" {
+		stopProfile, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+		defer stopProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	e, err := setup(ctx, cfg)

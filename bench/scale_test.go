@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 func tinyScale(dsn string) config {
 	return config{dsn: dsn, rounds: 1, duration: 100 * time.Millisecond, waiterHold: 500 * time.Millisecond,
 		batchTTL: 900 * time.Millisecond,
-		scale:    scaleConfig{liveLeases: []int{1, 300}, crowdWaiters: []int{6}, crowdProcs: 2, churnGrants: 400, renewLeases: 300}}
+		scale:    scaleConfig{liveLeases: []int{1, 300}, crowdWaiters: []int{6}, crowdProcs: 2, churnGrants: 400, renewLeases: 300, renewTTL: 900 * time.Millisecond}}
 }
 
 // TestScaleFiguresSQLite runs every scale figure at a tiny size on SQLite
