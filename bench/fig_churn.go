@@ -63,7 +63,7 @@ type churnPoint struct {
 	opsPerSec  float64
 	load       float64
 	total      float64 // bytes: holders with its indexes and TOAST (SQLite: the database file and its WAL)
-	heap, idx  float64 // bytes: holders' table and indexes (SQLite: 0)
+	heap, idx  float64 // bytes: holders' table and indexes (SQLite: the database's pages and the WAL file)
 	otherTotal float64 // bytes: markers, watches, tickets (PostgreSQL)
 	vacuums    float64 // autovacuum runs on holders so far (PostgreSQL)
 	dead       float64 // holders' dead tuples (PostgreSQL statistics)
@@ -136,10 +136,11 @@ func churnSizes(ctx context.Context, e *env) (churnPoint, error) {
 	if err := e.db.QueryRowContext(ctx, `SELECT page_count, page_size FROM pragma_page_count(), pragma_page_size()`).Scan(&pages, &size); err != nil {
 		return p, err
 	}
-	p.total = pages * size
+	p.heap = pages * size // SQLite: the database file's pages
 	if st, err := os.Stat(e.dir + "/bench.db-wal"); err == nil {
-		p.total += float64(st.Size())
+		p.idx = float64(st.Size()) // SQLite: the WAL file
 	}
+	p.total = p.heap + p.idx
 	return p, nil
 }
 
@@ -169,7 +170,10 @@ func churnFigures(e *env, where string, pts []churnPoint) []Figure {
 		p  churnPoint
 	}{{"start", pts[0]}, {"middle", mid}, {"end", last}} {
 		add(figure("churn.size."+s.at, e.dialect, s.p.total, "bytes", nil, info))
-		if e.isPG() {
+		if !e.isPG() {
+			add(figure("churn.size."+s.at+".db", e.dialect, s.p.heap, "bytes", nil, info))
+			add(figure("churn.size."+s.at+".wal", e.dialect, s.p.idx, "bytes", nil, info))
+		} else {
 			add(figure("churn.size."+s.at+".heap", e.dialect, s.p.heap, "bytes", nil, info))
 			add(figure("churn.size."+s.at+".indexes", e.dialect, s.p.idx, "bytes", nil, info))
 			add(figure("churn.size."+s.at+".other_tables", e.dialect, s.p.otherTotal, "bytes", nil, info))
