@@ -47,6 +47,8 @@ type config struct {
 	// Batch-renewal set-up (flags).
 	batchTTL     time.Duration // TTL of the batch's leases
 	batchRenewDB bool          // SQLite: renew them through a separate pool
+
+	scale scaleConfig // sizes of the scale figures (fig_scale.go)
 }
 
 // env is one prepared database: the lock tables migrated into a fresh

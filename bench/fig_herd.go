@@ -3,18 +3,15 @@ package main
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/dialect/mysqldialect"
 	"github.com/sqlease/sqlease/dialect/pgdialect"
-	"github.com/sqlease/sqlease/internal/faultdb"
 	"github.com/sqlease/sqlease/lock"
 )
 
@@ -44,24 +41,13 @@ const (
 // herdChildMain is a herd child process.
 func herdChildMain() int {
 	ctx := context.Background()
-	d, drv := benchDialect(os.Getenv(childDialectEnv))
-	dsn := os.Getenv(childDSNEnv)
-	raw, err := sql.Open(drv, dsn)
+	e, db, inj, err := childCountingDB()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "herd child:", err)
 		return 1
 	}
-	conn, err := faultdb.DSNConnector(raw.Driver(), dsn)
-	_ = raw.Close()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "herd child:", err)
-		return 1
-	}
-	inj := faultdb.New()
-	db := sql.OpenDB(inj.Connector(conn))
 	defer db.Close()
 	db.SetMaxIdleConns(herdPerProc + 2)
-	e := &env{d: d, ns: dialect.Namespace{Schema: os.Getenv(childSchemaEnv)}, quiet: quietLogger()}
 	lockers := make([]*lock.Locker, herdPerProc)
 	for i := range lockers {
 		if lockers[i], err = e.newLocker(ctx, db); err != nil {
@@ -70,7 +56,7 @@ func herdChildMain() int {
 		}
 		defer closeLocker(lockers[i])
 	}
-	attemptMark := herdAttemptMark(d)
+	attemptMark := herdAttemptMark(e.d)
 	fmt.Println("ready")
 	sc := bufio.NewScanner(os.Stdin)
 	if !sc.Scan() {
@@ -80,28 +66,7 @@ func herdChildMain() int {
 	if cmd != "go" {
 		return 1
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	grants, errs := 0, 0
-	for _, l := range lockers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			le, err := l.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(2*time.Minute))
-			if err == nil {
-				time.Sleep(herdHold)
-				err = le.Release(ctx)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs++
-				fmt.Fprintln(os.Stderr, "herd child:", err)
-				return
-			}
-			grants++
-		}()
-	}
+	t := acquireAll(ctx, "herd child", lockers, key, 2*time.Minute, herdHold, nil)
 	// Every waiter has made its first attempt once this many acquire
 	// attempts were counted.
 	for inj.Count(attemptMark) < herdPerProc {
@@ -112,8 +77,8 @@ func herdChildMain() int {
 		return 1
 	}
 	inj.ResetCounts()
-	wg.Wait()
-	fmt.Printf("done %d %d %d %d\n", inj.Count(""), inj.Count(attemptMark), grants, errs)
+	t.wg.Wait()
+	fmt.Printf("done %d %d %d %d\n", inj.Count(""), inj.Count(attemptMark), t.grants, t.errs)
 	return 0
 }
 

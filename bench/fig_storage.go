@@ -441,35 +441,8 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 	if !e.isPG() && !e.isMySQL() {
 		workers = 1 // SQLite has one writer
 	}
-	// parallel runs f(i) for i in [0, n) on workers goroutines.
-	parallel := func(n int, f func(i int) error) error {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var first error
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					i := int(next.Add(1)) - 1
-					if i >= n || ctx.Err() != nil {
-						return
-					}
-					if err := f(i); err != nil {
-						mu.Lock()
-						first = keepFirst(first, err)
-						mu.Unlock()
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		return keepFirst(first, ctx.Err())
-	}
 	key := func(i int) string { return "bench/batch/" + strconv.Itoa(i) }
-	if err := parallel(workers*4, func(i int) error { // warm the pools
+	if err := parallel(ctx, workers, workers*4, func(i int) error { // warm the pools
 		le, err := l.TryAcquire(ctx, key(i), lock.Exclusive)
 		if err == nil {
 			err = le.Release(ctx)
@@ -484,7 +457,7 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 	runtime.GC()
 	runtime.ReadMemStats(&m0)
 	t := time.Now()
-	err = parallel(n, func(i int) (err error) {
+	err = parallel(ctx, workers, n, func(i int) (err error) {
 		// The server is shared: ride out a moment of "too many clients".
 		for try := 0; ; try++ {
 			leases[i], err = l.TryAcquire(ctx, key(i), lock.Exclusive)
@@ -521,8 +494,9 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 	lmu.Lock()
 	ok0, lat0 := renewOK.Load(), len(batchLat)
 	lmu.Unlock()
-	t = time.Now()
+	t, cpu0 := time.Now(), processCPU()
 	time.Sleep(2 * interval)
+	cpu := processCPU() - cpu0
 	stmts := inj.Count("")
 	pragmas := inj.Count("PRAGMA busy_timeout")
 	lmu.Lock()
@@ -545,10 +519,41 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 		figure("batchrenew.batch_latency.p50", e.dialect, ms(percentile(lat, 50)), "ms", nil, info),
 		figure("batchrenew.lost", e.dialect, float64(lost.Load()), "leases", nil, exactly(0, "leases")),
 		figure("batchrenew.heap_per_lease", e.dialect, perLease, "bytes/lease", nil, below(2048, "bytes/lease")),
+		figure("batchrenew.cpu_per_interval", e.dialect, ms(cpu)/intervals, "ms", nil, info),
 	}
 	for i := range out {
 		out[i].Note = note
 	}
 	out[5].Note = lostNote
+	out[7].Note = "CPU time (user + system) of the bench process per renewal interval, while only renewals run (getrusage; the database server's CPU is not in it); " + note
 	return out, nil
+}
+
+// parallel runs f(i) for i in [0, n) on workers goroutines, each taking
+// the next i, and returns the first error (or the context's).
+func parallel(ctx context.Context, workers, n int, f func(i int) error) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				if err := f(i); err != nil {
+					mu.Lock()
+					first = keepFirst(first, err)
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return keepFirst(first, ctx.Err())
 }

@@ -6,7 +6,9 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -188,6 +190,9 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 				after[p.name] = append(after[p.name], d.fromReturn)
 			}
 		}
+	}
+	for _, path := range slices.Sorted(maps.Keys(got)) {
+		addSamples("handoff", e.dialect, path, got[path]) // plots.go
 	}
 	var out []Figure
 	for _, path := range []string{"xproc", "inproc"} {

@@ -36,16 +36,24 @@ import (
 )
 
 func main() {
-	switch os.Getenv(childEnv) {
-	case "":
-	case "herd":
-		os.Exit(herdChildMain())
-	case "serverops":
-		os.Exit(serverOpsMain())
-	default:
-		os.Exit(childMain())
+	if mode := os.Getenv(childEnv); mode != "" {
+		os.Exit(childDispatch(mode))
 	}
 	os.Exit(run())
+}
+
+// childDispatch runs the child process of the given kind (the value of
+// childEnv) and returns its exit status.
+func childDispatch(mode string) int {
+	switch mode {
+	case "herd":
+		return herdChildMain()
+	case "serverops":
+		return serverOpsMain()
+	case "crowd":
+		return crowdChildMain()
+	}
+	return childMain()
 }
 
 // run parses the flags, runs every figure and reports; it returns the exit
@@ -59,7 +67,9 @@ func run() int {
 	flag.DurationVar(&cfg.duration, "duration", 800*time.Millisecond, "length of one throughput round")
 	flag.DurationVar(&cfg.batchTTL, "batch-ttl", 6*time.Second, "TTL of the leases in the batch-renewal figure (renewed every third of it)")
 	flag.BoolVar(&cfg.batchRenewDB, "batch-renew-db", false, "SQLite: renew the batch-renewal figure's leases through a separate pool (lock.WithRenewDB; always so on PostgreSQL)")
-	only := flag.String("only", "", "run only these comma-separated `STEPS` (roundtrips, exclusive1, exclusive8, shared1, shared8, handoff, herd, takeover, waiterload, crosskey, wal, batch)")
+	only := flag.String("only", "", "run only these comma-separated `STEPS` (roundtrips, exclusive1, exclusive8, shared1, shared8, handoff, herd, takeover, waiterload, crosskey, wal, batch; scale figures, not run by default: scaleleases, crowd, churn, renewmany, or scale for the four)")
+	scaleFlags(&cfg.scale)
+	cpuProfile := flag.String("cpuprofile", "", "write a pprof CPU profile of the bench process to `FILE`")
 	flag.BoolVar(&cfg.quick, "quick", false, "shorter run: 3 rounds of 300ms, 3s waiter hold, 2,000 leases in the batch-renewal figure (defaults: 5 rounds of 800ms, 8s hold, 10,000 leases)")
 	flag.Parse()
 	set := map[string]bool{}
@@ -73,12 +83,21 @@ func run() int {
 			cfg.duration = 300 * time.Millisecond
 		}
 		cfg.handoffSamples, cfg.waiterHold, cfg.batchLeases = 3, 3*time.Second, 2000
+		quickScale(&cfg.scale, set)
 	}
 	if cfg.rounds < 1 || cfg.duration <= 0 || cfg.batchTTL < 300*time.Millisecond {
 		fmt.Fprintln(os.Stderr, "bench: --rounds must be >= 1, --duration > 0 and --batch-ttl >= 300ms")
 		return 2
 	}
 
+	if *cpuProfile != "" {
+		stopProfile, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+		defer stopProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	e, err := setup(ctx, cfg)
@@ -104,11 +123,23 @@ func run() int {
 		{"crosskey", "cross-key wait", figCrossKey},
 		{"wal", "failed-poll WAL", figFailedPollWAL},
 		{"batch", "batch renewal", figBatchRenewal},
+		{"scaleleases", "live leases in the table", figScaleLeases},
+		{"crowd", "waiters on one key", figCrowd},
+		{"churn", "grants churned", figChurn},
+		{"renewmany", "many leases renewed", figRenewMany},
 	}
-	if *only != "" {
+	if *only == "" {
+		steps = steps[:len(steps)-len(scaleSteps)] // long: run when asked for
+	} else {
 		want := map[string]bool{}
 		for _, id := range strings.Split(*only, ",") {
 			want[strings.TrimSpace(id)] = true
+		}
+		if want["scale"] {
+			delete(want, "scale")
+			for _, id := range scaleSteps {
+				want[id] = true
+			}
 		}
 		kept := steps[:0]
 		for _, s := range steps {
@@ -153,6 +184,16 @@ func run() int {
 	fmt.Printf("machine: %s; load average at start %.2f, at end %.2f (column load: when each figure was taken; wall-clock figures are only compared with their baseline from the same run)\n\n", e.machine, startLoad, loadAverage())
 	printTable(os.Stdout, figs)
 	printLegend(os.Stdout, figs)
+	if dir := cfg.scale.plotDir; dir != "" && dir != "-" {
+		files, err := writePlots(dir, figs)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: plots:", err)
+			status = 1
+		}
+		if len(files) > 0 {
+			fmt.Printf("\nplots: %s\n", strings.Join(files, ", "))
+		}
+	}
 	if m := missed(figs); len(m) > 0 {
 		fmt.Printf("\nmissed targets (%d):\n  %s\n", len(m), strings.Join(m, "\n  "))
 	} else {
