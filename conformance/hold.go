@@ -204,7 +204,7 @@ func h10MaxLife(e *Env, ttl, life time.Duration) {
 
 // h10HoldAtMostEndsLeaseAsLoss: a maximum life of several TTLs, reached
 // after ordinary renewals.
-func h10HoldAtMostEndsLease(e *Env) { h10MaxLife(e, 600*time.Millisecond, 1500*time.Millisecond) }
+func h10HoldAtMostEndsLease(e *Env) { h10MaxLife(e, time.Second, 2500*time.Millisecond) }
 
 // h10HoldAtMostShorterThanTTL: a maximum life shorter than the TTL: the
 // row's expiry is brought forward from grant + TTL to grant + life.
