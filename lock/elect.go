@@ -117,65 +117,19 @@ func (l *Locker) leadSlot(key string) chan struct{} {
 // (bad key, nil fn, bad option; SPEC I1), ErrReentrant (this Locker holds
 // key outside Lead), ErrClosed, ErrSchemaNotMigrated.
 func (l *Locker) Lead(ctx context.Context, key string, fn func(ctx context.Context, lease *Lease) error, opts ...LeadOption) error {
-	if ctx == nil {
-		return inputErr("context", "nil", "pass a non-nil context")
-	}
-	if fn == nil {
-		return inputErr("function", "nil", "Lead needs a function to run while leader")
-	}
-	if err := CheckKey(key); err != nil {
+	c, err := l.leadConfig(ctx, key, fn, opts)
+	if err != nil {
 		return err
 	}
-	var c leadConfig
-	for i, o := range opts {
-		if o == nil {
-			return inputErr("lead option", fmt.Sprintf("nil (option %d of %d)", i+1, len(opts)), "a lock.LeadOption such as OnNewLeader(f); leave it out instead of passing nil")
-		}
-		o(&c)
-	}
-	if c.zero != nil {
-		return c.zero
-	}
-	if c.observe == 0 {
-		c.observe = max(l.cfg.ttl/3, 10*time.Millisecond)
-	}
-	slot := l.leadSlot(key)
-	var lastLeader string // lease ID of the last leader reported
-	observe := func(h Holder) {
-		if c.newLeader != nil && h.LeaseID != lastLeader {
-			lastLeader = h.LeaseID
-			c.newLeader(h)
-		}
-	}
+	cp := &campaign{l: l, key: key, fn: fn, c: c, slot: l.leadSlot(key)}
 	failures := 0
 	for {
 		if ctx.Err() != nil {
 			return fmt.Errorf("lock: lead %q: %w", key, context.Cause(ctx))
 		}
-		var acOpts []AcquireOption
-		if c.newLeader != nil {
-			acOpts = append(acOpts, WaitTimeout(c.observe))
-		}
-		acOpts = append(acOpts, c.acquire...)
-		ran := false
-		err := l.Do(ctx, key, Exclusive, func(fctx context.Context, lease *Lease) error {
-			// One fn at a time per key in this process: wait, holding the
-			// lease, for a previous fn (of a lease lost meanwhile) to return.
-			select {
-			case slot <- struct{}{}:
-			case <-fctx.Done():
-				return context.Cause(fctx)
-			}
-			defer func() { <-slot }()
-			ran = true
-			failures = 0
-			observe(Holder{Key: key, Mode: Exclusive, LeaseID: lease.LeaseID(), Owner: lease.Owner(), Token: lease.Token(), Expiry: lease.Expiry()})
-			if c.started != nil {
-				c.started(lease)
-			}
-			return fn(fctx, lease)
-		}, acOpts...)
+		ran, err := cp.term(ctx)
 		if ran {
+			failures = 0
 			if c.stopped != nil {
 				c.stopped(err)
 			}
@@ -191,11 +145,7 @@ func (l *Locker) Lead(ctx context.Context, key string, fn func(ctx context.Conte
 		var locked *LockedError
 		switch {
 		case errors.As(err, &locked):
-			for _, h := range locked.Holders {
-				if h.Mode == Exclusive {
-					observe(h)
-				}
-			}
+			cp.observeAll(locked.Holders)
 			continue
 		case ctx.Err() != nil:
 			return fmt.Errorf("lock: lead %q: %w", key, context.Cause(ctx))
@@ -206,14 +156,105 @@ func (l *Locker) Lead(ctx context.Context, key string, fn func(ctx context.Conte
 		}
 		// A database error while campaigning: back off and retry.
 		failures++
-		wait := Backoff(failures, max(l.cfg.maxBackoff, min(l.cfg.ttl, 5*time.Second)))
-		l.cfg.logger.Warn("sqlease: leader campaign failed; retrying", "key", key, "err", err, "retry_in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("lock: lead %q: %w", key, context.Cause(ctx))
-		case <-t.C:
+		if err := cp.backOff(ctx, failures, err); err != nil {
+			return err
 		}
+	}
+}
+
+// leadConfig checks Lead's input and applies its options (SPEC I1).
+func (l *Locker) leadConfig(ctx context.Context, key string, fn func(ctx context.Context, lease *Lease) error, opts []LeadOption) (leadConfig, error) {
+	var c leadConfig
+	if ctx == nil {
+		return c, inputErr("context", "nil", "pass a non-nil context")
+	}
+	if fn == nil {
+		return c, inputErr("function", "nil", "Lead needs a function to run while leader")
+	}
+	if err := CheckKey(key); err != nil {
+		return c, err
+	}
+	for i, o := range opts {
+		if o == nil {
+			return c, inputErr("lead option", fmt.Sprintf("nil (option %d of %d)", i+1, len(opts)), "a lock.LeadOption such as OnNewLeader(f); leave it out instead of passing nil")
+		}
+		o(&c)
+	}
+	if c.zero != nil {
+		return c, c.zero
+	}
+	if c.observe == 0 {
+		c.observe = max(l.cfg.ttl/3, 10*time.Millisecond)
+	}
+	return c, nil
+}
+
+// campaign is one Lead call's state across its terms.
+type campaign struct {
+	l          *Locker
+	key        string
+	fn         func(ctx context.Context, lease *Lease) error
+	c          leadConfig
+	slot       chan struct{} // one fn at a time per key in this process
+	lastLeader string        // lease ID of the last leader reported
+}
+
+// term campaigns once and, when granted, runs fn as leader; ran says
+// whether fn ran.
+func (cp *campaign) term(ctx context.Context) (ran bool, err error) {
+	var acOpts []AcquireOption
+	if cp.c.newLeader != nil {
+		acOpts = append(acOpts, WaitTimeout(cp.c.observe))
+	}
+	acOpts = append(acOpts, cp.c.acquire...)
+	err = cp.l.Do(ctx, cp.key, Exclusive, func(fctx context.Context, lease *Lease) error {
+		// Wait, holding the lease, for a previous fn (of a lease lost
+		// meanwhile) to return.
+		select {
+		case cp.slot <- struct{}{}:
+		case <-fctx.Done():
+			return context.Cause(fctx)
+		}
+		defer func() { <-cp.slot }()
+		ran = true
+		cp.observe(Holder{Key: cp.key, Mode: Exclusive, LeaseID: lease.LeaseID(), Owner: lease.Owner(), Token: lease.Token(), Expiry: lease.Expiry()})
+		if cp.c.started != nil {
+			cp.c.started(lease)
+		}
+		return cp.fn(fctx, lease)
+	}, acOpts...)
+	return ran, err
+}
+
+// observe reports a leader to OnNewLeader once per lease.
+func (cp *campaign) observe(h Holder) {
+	if cp.c.newLeader != nil && h.LeaseID != cp.lastLeader {
+		cp.lastLeader = h.LeaseID
+		cp.c.newLeader(h)
+	}
+}
+
+// observeAll reports the exclusive holder among a refusal's holders.
+func (cp *campaign) observeAll(holders []Holder) {
+	for _, h := range holders {
+		if h.Mode == Exclusive {
+			cp.observe(h)
+		}
+	}
+}
+
+// backOff logs a failed campaign and waits before the next one, or
+// returns Lead's error when ctx ends first.
+func (cp *campaign) backOff(ctx context.Context, failures int, err error) error {
+	l := cp.l
+	wait := Backoff(failures, max(l.cfg.maxBackoff, min(l.cfg.ttl, 5*time.Second)))
+	l.cfg.logger.Warn("sqlease: leader campaign failed; retrying", "key", cp.key, "err", err, "retry_in", wait)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("lock: lead %q: %w", cp.key, context.Cause(ctx))
+	case <-t.C:
+		return nil
 	}
 }
