@@ -331,7 +331,7 @@ func newLocker(ctx context.Context, db *sql.DB, t target, ns dialect.Namespace, 
 			// second, disjoint set of lock tables.
 			if elsewhere := lockTablesElsewhere(ctx, db, t.dialect, ns); elsewhere != "" {
 				return nil, usageErr("the lock tables are not migrated (%s is at version 0, need %d): %s If not, %s%s",
-					se.Table, se.Want, elsewhere, migrateAdvice, advice.NamespaceCaution(se.Namespace))
+					se.Table, se.Want, elsewhere, migrateAdvice, advice.Caution(se.Namespace, true))
 			}
 			return nil, usageErr("the lock tables are not migrated (%s is at version 0, need %d): %s%s",
 				se.Table, se.Want, migrateAdvice, advice.NamespaceCaution(se.Namespace))

@@ -19,6 +19,7 @@ func TestStatusFindsTablesUnderAnotherPrefix(t *testing.T) {
 		want string
 	}{
 		{[]string{"status", "--dsn", path}, "found nc_db_version: did you mean --prefix nc_? If not, run `sqlease migrate up"},
+		{[]string{"status", "--dsn", path}, "Migrating creates a second, separate set of lock tables here"},
 		{[]string{"sweep", "--dsn", path, "--prefix", "nd_"}, "found nc_db_version: did you mean --prefix nc_? If not, run `sqlease migrate up"},
 	} {
 		r := cli(t, c.args...)

@@ -104,10 +104,11 @@ func setupMigrate(fs *flag.FlagSet, out *output) func(context.Context, []string)
 			case res.Version < res.Latest:
 				caution, elsewhere := "", ""
 				if res.Version == 0 {
-					caution = advice.NamespaceCaution(ns)
-					if found := lockTablesElsewhere(ctx, conn, t.dialect, ns); found != "" {
+					found := lockTablesElsewhere(ctx, conn, t.dialect, ns)
+					if found != "" {
 						elsewhere = found + " If not, "
 					}
+					caution = advice.Caution(ns, found != "")
 				}
 				fmt.Fprintf(out.stdout, "database at version %d of %d: %s%s (table %s)%s\n", res.Version, res.Latest, elsewhere, advice.MigrateUpWith(ns, c.db.connAdvice()), res.VersionTable, caution)
 			default:

@@ -847,11 +847,19 @@ func Detect(db *sql.DB) (Dialect, error) {
 		return found[0], nil
 	case 0:
 		return nil, &InputError{Pkg: "dialect", Field: "driver", Value: fmt.Sprintf("%T", drv),
-			Allowed: fmt.Sprintf("no registered dialect (%s) recognizes it; pass one explicitly", strings.Join(namesLocked(), ", ")),
+			Allowed: noDialectFor(namesLocked()),
 			Err:     ErrUnknownDialect}
 	}
 	return nil, &InputError{Pkg: "dialect", Field: "driver", Value: fmt.Sprintf("%T", drv),
 		Allowed: "several registered dialects claim it; pass one explicitly", Err: ErrUnknownDialect}
+}
+
+// noDialectFor says what to do when no registered dialect claims a driver.
+func noDialectFor(registered []string) string {
+	if len(registered) == 0 {
+		return "no sqlease dialect is registered: import one, e.g. _ \"github.com/sqlease/sqlease/dialect/pgdialect\" (or sqlitedialect, mysqldialect), or pass one explicitly"
+	}
+	return fmt.Sprintf("none of the registered dialects (%s) recognizes it; import the one for this driver, or pass one explicitly", strings.Join(registered, ", "))
 }
 
 func namesLocked() []string {

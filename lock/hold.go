@@ -97,7 +97,7 @@ func checkHold(mode Mode, ac acquireConfig) error {
 		if !ac.minHoldSet {
 			opt = "HoldAtMost"
 		}
-		return inputErr("mode", mode.String(), "Exclusive ("+opt+" applies to exclusive leases only)")
+		return inputErr(opt+" with mode", mode.String(), "lock.Exclusive only: a hold keeps the key from every other holder, which a shared lease cannot")
 	}
 	return nil
 }

@@ -451,7 +451,7 @@ func (le *Lease) release(ctx context.Context, keepHold bool) error {
 		return fmt.Errorf("lock: release %q token %d: %w", le.key, le.token, err)
 	}
 	if n == 0 && !unsure {
-		err := fmt.Errorf("lock: release %q token %d: the lease had already ended (expired and taken over or swept): %w", le.key, le.token, ErrNotHeld)
+		err := fmt.Errorf("lock: release %q token %d: the lease had already ended (expired and taken over, swept, or deleted by sqlease release): %w", le.key, le.token, ErrNotHeld)
 		le.mu.Lock()
 		le.released, le.releaseErr = true, err
 		le.mu.Unlock()

@@ -10,7 +10,6 @@ package mysqldialect
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"fmt"
 	"sync"
 
@@ -20,14 +19,19 @@ import (
 var _ dialect.Killer = Dialect{}
 
 // sessionIDs caches CONNECTION_ID() per driver connection, so an acquire
-// costs no extra round trip on a connection seen before. Entries of closed
-// connections are dropped whenever the cache has doubled since the last
-// pruning, so it stays within twice the connections alive.
+// costs no extra round trip on a connection seen before. The cache is
+// emptied when it reaches maxSessionIDs entries: it holds closed
+// connections too (their keys cannot be reused while the map holds them),
+// and a connection in use by another goroutine must not be touched to ask
+// whether it is closed.
 var sessionIDs = struct {
 	sync.Mutex
-	m     map[any]int64
-	prune int // prune when len(m) reaches it
-}{m: map[any]int64{}, prune: 64}
+	m map[any]int64
+}{m: map[any]int64{}}
+
+// maxSessionIDs bounds sessionIDs; emptied, it costs one SELECT
+// CONNECTION_ID() per connection again.
+const maxSessionIDs = 4096
 
 // SessionID returns conn's CONNECTION_ID(), cached per driver connection
 // (dialect.Killer). Errors are the database's.
@@ -47,15 +51,10 @@ func (Dialect) SessionID(ctx context.Context, conn *sql.Conn) (int64, error) {
 	}
 	sessionIDs.Lock()
 	defer sessionIDs.Unlock()
-	sessionIDs.m[dc] = id
-	if len(sessionIDs.m) >= sessionIDs.prune {
-		for c := range sessionIDs.m {
-			if v, ok := c.(driver.Validator); ok && !v.IsValid() {
-				delete(sessionIDs.m, c)
-			}
-		}
-		sessionIDs.prune = max(64, 2*len(sessionIDs.m))
+	if len(sessionIDs.m) >= maxSessionIDs {
+		clear(sessionIDs.m)
 	}
+	sessionIDs.m[dc] = id
 	return id, nil
 }
 

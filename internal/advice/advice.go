@@ -72,3 +72,17 @@ func NamespaceCaution(ns dialect.Namespace) string {
 	}
 	return ". Before you do, check " + strings.Join(named, " and ") + ": if " + it + " mistyped, migrating creates a second, separate set of lock tables, and leases in it do not exclude leases in the tables you meant"
 }
+
+// ElsewhereCaution is NamespaceCaution for when lock tables were found in
+// another namespace: migrating this one creates a second, separate set.
+// Like NamespaceCaution, it starts with ". ".
+const ElsewhereCaution = ". Migrating creates a second, separate set of lock tables here, and leases in it do not exclude leases in the tables found"
+
+// Caution returns NamespaceCaution(ns), or ElsewhereCaution when ns is the
+// default namespace and lock tables were found elsewhere.
+func Caution(ns dialect.Namespace, foundElsewhere bool) string {
+	if c := NamespaceCaution(ns); c != "" || !foundElsewhere {
+		return c
+	}
+	return ElsewhereCaution
+}
