@@ -185,12 +185,21 @@ type SchemaError struct {
 	// Namespace is the Locker's schema and prefix, which the migrations
 	// must be applied with; the message names them.
 	Namespace dialect.Namespace
+	// Elsewhere names lock tables found under another schema or prefix
+	// when Current is 0, with the option that reaches them ("found
+	// nc_db_version: did you mean lock.WithTablePrefix(\"nc_\")?"); "" when
+	// none were found.
+	Elsewhere string
 }
 
 func (e *SchemaError) Error() string {
 	if e.Current == 0 {
-		return fmt.Sprintf("lock: the %s lock tables are not migrated (version table %s is at version 0), this library needs %d: %s%s",
-			e.Dialect, e.Table, e.Want, advice.MigrateUp(e.Namespace), advice.NamespaceCaution(e.Namespace))
+		found := ""
+		if e.Elsewhere != "" {
+			found = e.Elsewhere + " If not, "
+		}
+		return fmt.Sprintf("lock: the %s lock tables are not migrated (version table %s is at version 0), this library needs %d: %s%s%s",
+			e.Dialect, e.Table, e.Want, found, advice.MigrateUp(e.Namespace), advice.Caution(e.Namespace, e.Elsewhere != ""))
 	}
 	return fmt.Sprintf("lock: the %s lock tables are at version %d (version table %s), this library needs %d: %s",
 		e.Dialect, e.Current, e.Table, e.Want, advice.MigrateUp(e.Namespace))
@@ -247,4 +256,34 @@ next:
 		return kept[0]
 	}
 	return kept
+}
+
+// meantOptions names the Locker options that reach the namespace f from
+// one whose schema and prefix resolve to schema and prefix (current: the
+// connection's default schema), for SchemaError.Elsewhere.
+func meantOptions(f dialect.Namespace, schema, prefix, current string) string {
+	var opts, leave []string
+	if f.Schema != schema {
+		if f.Schema == current {
+			leave = append(leave, "lock.WithSchema (the default is "+current+")")
+		} else {
+			opts = append(opts, fmt.Sprintf("lock.WithSchema(%q)", f.Schema))
+		}
+	}
+	if f.Prefix != prefix {
+		if f.Prefix == dialect.DefaultPrefix {
+			leave = append(leave, "lock.WithTablePrefix (the default is "+dialect.DefaultPrefix+")")
+		} else {
+			opts = append(opts, fmt.Sprintf("lock.WithTablePrefix(%q)", f.Prefix))
+		}
+	}
+	text := strings.Join(opts, " with ")
+	switch {
+	case len(leave) == 0:
+	case text == "":
+		text = "to leave out " + strings.Join(leave, " and ")
+	default:
+		text += ", leaving out " + strings.Join(leave, " and ")
+	}
+	return text
 }

@@ -47,6 +47,7 @@ import (
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
+	"github.com/sqlease/sqlease/internal/advice"
 	"github.com/sqlease/sqlease/migrate"
 )
 
@@ -248,7 +249,11 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 			return nil, fmt.Errorf("lock: check schema version: %w", err)
 		}
 		if current < want {
-			return nil, &SchemaError{Dialect: d.Name(), Table: cfg.ns.VersionTable(), Current: current, Want: want, Namespace: cfg.ns}
+			se := &SchemaError{Dialect: d.Name(), Table: cfg.ns.VersionTable(), Current: current, Want: want, Namespace: cfg.ns}
+			if current == 0 {
+				se.Elsewhere = advice.Elsewhere(ctx, db, d, cfg.ns, meantOptions)
+			}
+			return nil, se
 		}
 	}
 	if cfg.failoverPause > 0 {

@@ -1,12 +1,15 @@
 package lock_test
 
 import (
+	"database/sql"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/lock"
+	"github.com/sqlease/sqlease/migrate"
 )
 
 // TestSchemaErrorCautionsOnlyNamedMissingTables: the not-migrated error
@@ -41,5 +44,33 @@ func TestSchemaErrorCautionsOnlyNamedMissingTables(t *testing.T) {
 		if !errors.Is(e, lock.ErrSchemaNotMigrated) {
 			t.Errorf("version %d: does not match ErrSchemaNotMigrated", tc.current)
 		}
+	}
+}
+
+// A forgotten WithTablePrefix: lock.New finds the lock tables under the
+// other prefix and names the option that reaches them before it advises
+// migrating, which would make a second set (SPEC D1).
+func TestSchemaErrorFindsTablesUnderAnotherPrefix(t *testing.T) {
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(t.TempDir(), "app.db")+"?_journal_mode=WAL&_busy_timeout=5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := migrate.Up(t.Context(), db, nil, migrate.WithNamespace(dialect.Namespace{Prefix: "nc_"})); err != nil {
+		t.Fatal(err)
+	}
+	_, err = lock.New(t.Context(), db, nil)
+	var se *lock.SchemaError
+	if !errors.As(err, &se) {
+		t.Fatalf("lock.New without the prefix = %v, want a *SchemaError", err)
+	}
+	want := `found nc_db_version: did you mean lock.WithTablePrefix("nc_")? If not, run`
+	if se.Elsewhere == "" || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "second, separate set") {
+		t.Errorf("lock.New without the prefix:\n%v\nwant it to contain %q and the caution about a second set", err, want)
+	}
+	if l, err := lock.New(t.Context(), db, nil, lock.WithTablePrefix("nc_")); err != nil {
+		t.Errorf("with the prefix it names: %v", err)
+	} else {
+		l.Close(t.Context())
 	}
 }
