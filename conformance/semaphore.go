@@ -86,6 +86,9 @@ func w7AdmitsAtMostN(e *Env) {
 		}
 		e.T.Fatalf("acquire %d with Limit(%d): want a *LockedError (ErrLocked), got %v", n+1, n, err)
 	}
+	if lerr.Limit != n || !strings.Contains(lerr.Error(), fmt.Sprintf("at most %d shared holders", n)) {
+		e.T.Errorf("refusal %q (Limit %d): want it to name the limit %d", lerr, lerr.Limit, n)
+	}
 	for _, h := range held {
 		if !slices.ContainsFunc(lerr.Holders, func(x lock.Holder) bool { return x.LeaseID == h.LeaseID() && x.Mode == lock.Shared }) {
 			e.T.Errorf("refusal lists %v, not holder %s", lerr.Holders, h.LeaseID())

@@ -76,6 +76,8 @@ func (h Holder) String() string {
 type LockedError struct {
 	Key  string
 	Mode Mode // the mode that was requested
+	// Limit is the n of a semaphore acquire (Limit, SPEC W7); 0 otherwise.
+	Limit int
 	// Holders are the live leases in a conflicting mode and the pending
 	// writer marker, if any, as seen by the last attempt; for a FIFO
 	// acquire also the conflicting tickets ahead of it (mode Queued, SPEC
@@ -100,6 +102,9 @@ type LockedError struct {
 func (e *LockedError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "lock: acquire %s %q: locked", e.Mode, e.Key)
+	if e.Limit > 0 {
+		fmt.Fprintf(&b, " (at most %d shared holders, lock.Limit)", e.Limit)
+	}
 	if e.Waited > 0 {
 		fmt.Fprintf(&b, " after waiting %s", e.Waited.Round(time.Millisecond))
 	}

@@ -445,7 +445,7 @@ func (w *waiter) expired() bool {
 // refused, after undoing what it wrote, and reports the denial.
 func (w *waiter) deny(waited time.Duration, lastErr error) error {
 	w.giveUp()
-	err := &LockedError{Key: w.key, Mode: w.mode, Holders: w.last, Waited: waited, Err: lastErr}
+	err := &LockedError{Key: w.key, Mode: w.mode, Limit: int(w.limit), Holders: w.last, Waited: waited, Err: lastErr}
 	w.l.emit(Event{Kind: EventAcquireDenied, Key: w.key, Mode: w.mode, Wait: time.Since(w.start), Err: err})
 	return err
 }
