@@ -177,15 +177,6 @@ func lcTransientError(e *Env) error {
 	return io.ErrUnexpectedEOF
 }
 
-// sqliteBusy is SQLITE_BUSY as both SQLite drivers' errors carry it: a
-// Code() int method (modernc.org/sqlite's *sqlite.Error has one; mattn's
-// sqlite3.Error carries the same number in a field). Package conformance
-// imports no cgo driver, so it cannot build mattn's type.
-type sqliteBusy struct{}
-
-func (sqliteBusy) Error() string { return "database is locked (injected SQLITE_BUSY)" }
-func (sqliteBusy) Code() int     { return 5 }
-
 // lcHolders lists the leases and markers of key (prefix match on key).
 func lcHolders(e *Env, l *lock.Locker, key string) []lock.Holder {
 	e.T.Helper()

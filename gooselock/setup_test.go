@@ -66,10 +66,7 @@ func newBackend(t *testing.T, name string) backend {
 		})
 		return backend{name: name, driver: "pgx", dsn: dsn, d: d, schema: schema}
 	case "mysql":
-		dsn, err := mysqldialect.WithParseTime(conftest.MySQLDSN(t))
-		if err != nil {
-			t.Fatal(err)
-		}
+		dsn := conftest.MySQLDSN(t)
 		d := mysqldialect.New()
 		execSQL(t, "mysql", dsn, "CREATE DATABASE "+d.QuoteIdent(schema))
 		t.Cleanup(func() { _ = conftest.DropNamespace("mysql", dsn, "DROP DATABASE IF EXISTS "+d.QuoteIdent(schema)) })

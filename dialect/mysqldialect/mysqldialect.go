@@ -49,7 +49,6 @@ import (
 	"database/sql/driver"
 	"embed"
 	"errors"
-	"fmt"
 	"io"
 	"io/fs"
 	"net"
@@ -116,21 +115,6 @@ func (Dialect) Migrations() fs.FS {
 // MatchesDriver claims github.com/go-sql-driver/mysql.
 func (Dialect) MatchesDriver(d driver.Driver) bool {
 	return dialect.DriverPackage(d) == "github.com/go-sql-driver/mysql"
-}
-
-// WithParseTime returns dsn (a go-sql-driver/mysql DSN) with
-// parseTime=true. It fails on a DSN the driver cannot parse.
-//
-// Deprecated: sqlease needs no parseTime=true (its migration lock reads no
-// DATETIME column); set it only for code of yours that scans DATETIME
-// values into time.Time.
-func WithParseTime(dsn string) (string, error) {
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return "", fmt.Errorf("mysqldialect: DSN: %w", err)
-	}
-	cfg.ParseTime = true
-	return cfg.FormatDSN(), nil
 }
 
 // MySQL server error numbers used by Classify.

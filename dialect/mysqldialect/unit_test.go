@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -46,16 +45,6 @@ func TestClassify(t *testing.T) {
 		if got := d.Classify(tc.err); got != tc.want {
 			t.Errorf("Classify(%v) = %s, want %s", tc.err, got, tc.want)
 		}
-	}
-}
-
-func TestWithParseTime(t *testing.T) {
-	got, err := mysqldialect.WithParseTime("root@tcp(127.0.0.1:3306)/test?timeout=5s")
-	if err != nil || !strings.Contains(got, "parseTime=true") || !strings.Contains(got, "timeout=5s") {
-		t.Errorf("WithParseTime: %q, %v", got, err)
-	}
-	if _, err := mysqldialect.WithParseTime("not a dsn"); err == nil {
-		t.Errorf("WithParseTime of a bad DSN: want an error")
 	}
 }
 

@@ -31,12 +31,6 @@ WHERE c.id = 1
                   WHERE m.lock_key = @key AND m.expires_us > ` + sqlNow + ` AND m.waiter_id <> @lease_id)
 RETURNING 1 AS granted, lease_id, mode, owner, token, expires_us, ` + sqlNow + ` AS now_us`
 
-type grantState struct {
-	holders []string // lease_id key mode token live
-	markers []string
-	counter int64
-}
-
 func runGrantOnce(ctx context.Context, t *testing.T, db *sql.DB, stmt dialect.Stmt, setup func(*sql.Conn) error, vals map[string]any) (string, string) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
