@@ -262,33 +262,3 @@ next:
 	}
 	return kept
 }
-
-// meantOptions names the Locker options that reach the namespace f from
-// one whose schema and prefix resolve to schema and prefix (current: the
-// connection's default schema), for SchemaError.Elsewhere.
-func meantOptions(f dialect.Namespace, schema, prefix, current string) string {
-	var opts, leave []string
-	if f.Schema != schema {
-		if f.Schema == current {
-			leave = append(leave, "lock.WithSchema (the default is "+current+")")
-		} else {
-			opts = append(opts, fmt.Sprintf("lock.WithSchema(%q)", f.Schema))
-		}
-	}
-	if f.Prefix != prefix {
-		if f.Prefix == dialect.DefaultPrefix {
-			leave = append(leave, "lock.WithTablePrefix (the default is "+dialect.DefaultPrefix+")")
-		} else {
-			opts = append(opts, fmt.Sprintf("lock.WithTablePrefix(%q)", f.Prefix))
-		}
-	}
-	text := strings.Join(opts, " with ")
-	switch {
-	case len(leave) == 0:
-	case text == "":
-		text = "to leave out " + strings.Join(leave, " and ")
-	default:
-		text += ", leaving out " + strings.Join(leave, " and ")
-	}
-	return text
-}

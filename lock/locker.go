@@ -251,7 +251,7 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 		if current < want {
 			se := &SchemaError{Dialect: d.Name(), Table: cfg.ns.VersionTable(), Current: current, Want: want, Namespace: cfg.ns}
 			if current == 0 {
-				se.Elsewhere = advice.Elsewhere(ctx, db, d, cfg.ns, meantOptions)
+				se.Elsewhere = advice.Elsewhere(ctx, db, d, cfg.ns, advice.Options)
 			}
 			return nil, se
 		}

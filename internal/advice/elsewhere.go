@@ -23,16 +23,14 @@ const maxElsewhere = 3
 //
 //	found nc_db_version: did you mean --prefix nc_?
 //
-// where meant names the settings that reach the namespace f from ns (whose
-// schema and prefix resolve to schema and prefix; current is the
-// connection's default schema): command flags in the sqlease command,
-// Locker options in lock.
+// where names spells the settings that reach that namespace: command flags
+// in the sqlease command (Flags), Locker options in lock (Options).
 // (a sentence per namespace found, each but the first capitalised) naming
 // at most maxElsewhere of them (the nearest to ns first), or "" when
 // there are none or the database cannot list its tables. Tables are
 // listed from information_schema.tables (PostgreSQL, MySQL), else
 // sqlite_master (SQLite).
-func Elsewhere(ctx context.Context, db *sql.DB, d dialect.Dialect, ns dialect.Namespace, meant func(f dialect.Namespace, schema, prefix, current string) string) string {
+func Elsewhere(ctx context.Context, db *sql.DB, d dialect.Dialect, ns dialect.Namespace, names Names) string {
 	current, tables := listLockLikeTables(ctx, db)
 	if len(tables) == 0 {
 		return ""
@@ -97,7 +95,7 @@ func Elsewhere(ctx context.Context, db *sql.DB, d dialect.Dialect, ns dialect.Na
 		if i > 0 {
 			found = "Found "
 		}
-		parts = append(parts, found+table+": did you mean "+meant(f, schema, prefix, current)+"?")
+		parts = append(parts, found+table+": did you mean "+names.meant(f, schema, prefix, current)+"?")
 	}
 	return strings.Join(parts, " ")
 }
@@ -134,4 +132,48 @@ func listLockLikeTables(ctx context.Context, db *sql.DB) (current string, tables
 		_ = db.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&current)
 	}
 	return current, tables
+}
+
+// Names spells the schema and prefix settings in advice: Schema and Prefix
+// format a value (fmt verbs), SchemaName and PrefixName name the setting
+// left out, Sep joins two settings.
+type Names struct {
+	Schema, Prefix, SchemaName, PrefixName, Sep string
+}
+
+// Flags are the sqlease command's: "--schema app --prefix nc_".
+var Flags = Names{Schema: "--schema %s", Prefix: "--prefix %s", SchemaName: "--schema", PrefixName: "--prefix", Sep: " "}
+
+// Options are lock's: `lock.WithSchema("app") with lock.WithTablePrefix("nc_")`.
+var Options = Names{Schema: "lock.WithSchema(%q)", Prefix: "lock.WithTablePrefix(%q)", SchemaName: "lock.WithSchema", PrefixName: "lock.WithTablePrefix", Sep: " with "}
+
+// meant names the settings that reach the namespace f from one whose
+// schema and prefix resolve to schema and prefix; current is the
+// connection's default schema: "--prefix nc_", "--schema app --prefix
+// nc_", "to leave out --prefix (the default is sqlease_)".
+func (n Names) meant(f dialect.Namespace, schema, prefix, current string) string {
+	var set, leave []string
+	if f.Schema != schema {
+		if f.Schema == current {
+			leave = append(leave, n.SchemaName+" (the default is "+current+")")
+		} else {
+			set = append(set, fmt.Sprintf(n.Schema, f.Schema))
+		}
+	}
+	if f.Prefix != prefix {
+		if f.Prefix == dialect.DefaultPrefix {
+			leave = append(leave, n.PrefixName+" (the default is "+dialect.DefaultPrefix+")")
+		} else {
+			set = append(set, fmt.Sprintf(n.Prefix, f.Prefix))
+		}
+	}
+	text := strings.Join(set, n.Sep)
+	switch {
+	case len(leave) == 0:
+	case text == "":
+		text = "to leave out " + strings.Join(leave, " and ")
+	default:
+		text += ", leaving out " + strings.Join(leave, " and ")
+	}
+	return text
 }
