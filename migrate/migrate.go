@@ -275,6 +275,9 @@ func Up(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) ([]s
 			return nil, err
 		}
 		res, err := p.Up(ctx)
+		if pe := (*goose.PartialError)(nil); errors.As(err, &pe) {
+			res = pe.Applied // goose returns no results with a failure
+		}
 		applied = append(applied, c.collect(res)...)
 		if err == nil {
 			return applied, nil

@@ -93,3 +93,59 @@ func TestBadInputMatchesEverywhere(t *testing.T) {
 		t.Fatalf("Up after bad input: %v", err)
 	}
 }
+
+// Replicas starting at once on a new SQLite file race to switch its journal
+// to WAL when they open their first connection, and SQLite fails the loser
+// with SQLITE_BUSY whatever the busy timeout. Up counts that as a lost race
+// and runs again, so every replica's Up succeeds and the migrations are
+// applied once (SPEC D1).
+func TestConcurrentUpOnNewSQLiteFile(t *testing.T) {
+	for round := range 3 {
+		dsn := "file:" + filepath.Join(t.TempDir(), "app.db") + "?_journal_mode=WAL&_busy_timeout=5000"
+		const replicas = 4
+		errs := make(chan error, replicas)
+		applied := make(chan int, replicas)
+		for range replicas {
+			go func() {
+				db, err := sql.Open("sqlite3", dsn)
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer db.Close()
+				names, err := migrate.Up(t.Context(), db, nil)
+				applied <- len(names)
+				errs <- err
+			}()
+		}
+		total := 0
+		for range replicas {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: Up: %v", round, err)
+			}
+			total += <-applied
+		}
+		if want := len(mustStatus(t, dsn)); total != want {
+			t.Fatalf("round %d: the replicas applied %d migrations in all; want %d, once each", round, total, want)
+		}
+	}
+}
+
+func mustStatus(t *testing.T, dsn string) []migrate.MigrationStatus {
+	t.Helper()
+	db, err := sql.Open("sqlite3", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st, err := migrate.Status(t.Context(), db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st {
+		if !s.Applied {
+			t.Fatalf("migration %d %s not applied", s.Version, s.Name)
+		}
+	}
+	return st
+}

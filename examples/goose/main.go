@@ -66,6 +66,13 @@ func run(dsn string) error {
 		return err
 	}
 	defer db.Close()
+	// Open the first connection before the replicas start. On a new SQLite
+	// file it switches the journal to WAL, and SQLite fails a second
+	// connection doing the same at the same instant with SQLITE_BUSY,
+	// whatever the busy timeout (goose opens its connection before Lock).
+	if err := db.PingContext(context.Background()); err != nil {
+		return err
+	}
 	migrations, err := fs.Sub(embedded, "migrations")
 	if err != nil {
 		return err
