@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 )
 
@@ -83,14 +82,9 @@ func ObserveInterval(d time.Duration) LeadOption {
 	}
 }
 
-// leading serializes fn calls of every Lead in this process on one key
-// and namespace, across Lockers. Campaigning is not serialized: only the
-// run of fn, which waits, holding its lease, for the previous fn to return.
-var leading sync.Map // string -> chan struct{} (a one-slot semaphore)
-
 func (l *Locker) leadSlot(key string) chan struct{} {
 	id := l.d.Name() + "\x00" + l.channel + "\x00" + key
-	v, _ := leading.LoadOrStore(id, make(chan struct{}, 1))
+	v, _ := process.leading.LoadOrStore(id, make(chan struct{}, 1))
 	return v.(chan struct{})
 }
 

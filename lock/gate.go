@@ -2,7 +2,6 @@ package lock
 
 import (
 	"context"
-	"sync"
 
 	"github.com/sqlease/sqlease/dialect"
 )
@@ -19,8 +18,6 @@ import (
 // p99; a gate of two writers: no gain (docs/performance.md, "SQLite, 8
 // clients: the write gate").
 
-var gates sync.Map // *sql.DB -> chan struct{}
-
 // enter waits for the write gate of the Locker's database (a no-op on
 // dialects with concurrent writers); the returned func leaves it. The gate
 // is keyed by the Locker's main pool, whichever pool the write goes
@@ -29,10 +26,10 @@ func (l *Locker) enter(ctx context.Context) (func(), error) {
 	if l.caps.Has(dialect.CapConcurrentWriters) {
 		return func() {}, nil
 	}
-	g, ok := gates.Load(l.db)
+	g, ok := process.gates.Load(l.db)
 	if !ok {
 		// (LoadOrStore alone would make a channel on every write.)
-		g, _ = gates.LoadOrStore(l.db, make(chan struct{}, 1))
+		g, _ = process.gates.LoadOrStore(l.db, make(chan struct{}, 1))
 	}
 	gate := g.(chan struct{})
 	select {

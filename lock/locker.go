@@ -143,16 +143,7 @@ type Locker struct {
 	closeNow context.CancelCauseFunc
 	acquires sync.WaitGroup
 
-	// renewer state (renewer.go)
-	rmu      sync.Mutex
-	rheap    leaseHeap
-	rtimer   *time.Timer   // runs renewer; nil until the first lease
-	rarmed   time.Time     // when rtimer fires; zero: not armed
-	rbusy    bool          // a renewer run is in progress
-	rstopped bool          // Close stopped the renewer
-	rdone    chan struct{} // closed when the current (or last) run ends
-	rlimit   int           // leases per renewal batch now (see adaptBatch)
-	rshrunk  time.Time     // when rlimit last shrank
+	ren renewerState // the renewer's state (renewer.go)
 
 	sweepStop chan struct{}
 	sweepDone chan struct{}
@@ -218,7 +209,7 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 	if err := cfg.finish(d); err != nil {
 		return nil, err
 	}
-	l := &Locker{db: db, renewDB: db, d: d, caps: dialect.CapabilitiesOf(d), cfg: cfg, channel: cfg.ns.Channel(), active: map[string]*heldKey{}, leases: map[*Lease]struct{}{}, rlimit: renewBatchSize}
+	l := &Locker{db: db, renewDB: db, d: d, caps: dialect.CapabilitiesOf(d), cfg: cfg, channel: cfg.ns.Channel(), active: map[string]*heldKey{}, leases: map[*Lease]struct{}{}, ren: renewerState{limit: renewBatchSize}}
 	l.boxed = boxed{owner: cfg.owner, ttlUS: cfg.ttl.Microseconds(), channel: l.channel}
 	l.closing, l.closeNow = context.WithCancelCause(context.Background())
 	if cfg.renewDB != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -27,6 +28,19 @@ import (
 // figures exclusive.1c and exclusive.8c, docs/performance.md).
 
 const renewBatchSize = 2500
+
+// renewerState is a Locker's renewer state, under its own mutex.
+type renewerState struct {
+	mu      sync.Mutex
+	heap    leaseHeap     // the leases to renew, earliest due first
+	timer   *time.Timer   // runs renewer; nil until the first lease
+	armed   time.Time     // when timer fires; zero: not armed
+	busy    bool          // a renewer run is in progress
+	stopped bool          // Close stopped the renewer
+	done    chan struct{} // closed when the current (or last) run ends
+	limit   int           // leases per renewal batch now (see adaptBatch)
+	shrunk  time.Time     // when limit last shrank
+}
 
 type leaseHeap []*Lease
 
@@ -53,41 +67,41 @@ func (h *leaseHeap) Pop() any {
 // schedule (re)queues le for renewal at at, arming the renewer's timer for
 // it when it is the earliest.
 func (l *Locker) schedule(le *Lease, at time.Time) {
-	l.rmu.Lock()
-	defer l.rmu.Unlock()
+	l.ren.mu.Lock()
+	defer l.ren.mu.Unlock()
 	le.renewing = true
 	l.queueLocked(le, at)
 	l.armLocked()
 }
 
-// queueLocked puts le in the heap at at (l.rmu held).
+// queueLocked puts le in the heap at at (l.ren.mu held).
 func (l *Locker) queueLocked(le *Lease, at time.Time) {
 	le.nextAt = at
-	if le.heapIndex >= 0 && le.heapIndex < len(l.rheap) && l.rheap[le.heapIndex] == le {
-		heap.Fix(&l.rheap, le.heapIndex)
+	if le.heapIndex >= 0 && le.heapIndex < len(l.ren.heap) && l.ren.heap[le.heapIndex] == le {
+		heap.Fix(&l.ren.heap, le.heapIndex)
 	} else {
-		heap.Push(&l.rheap, le)
+		heap.Push(&l.ren.heap, le)
 	}
 }
 
 // armLocked makes sure the renewer runs when the earliest lease is due:
 // it resets the timer when that lease is due before the timer is armed
-// for (l.rmu held). A running renewer re-arms the timer itself when it
+// for (l.ren.mu held). A running renewer re-arms the timer itself when it
 // finds nothing more due; after Close nothing is armed.
 func (l *Locker) armLocked() {
-	if l.rbusy || l.rstopped || len(l.rheap) == 0 {
+	if l.ren.busy || l.ren.stopped || len(l.ren.heap) == 0 {
 		return
 	}
-	at := l.rheap[0].nextAt
-	if !l.rarmed.IsZero() && !at.Before(l.rarmed) {
+	at := l.ren.heap[0].nextAt
+	if !l.ren.armed.IsZero() && !at.Before(l.ren.armed) {
 		return
 	}
-	l.rarmed = at
-	if l.rtimer == nil {
-		l.rtimer = time.AfterFunc(time.Until(at), l.renewer)
+	l.ren.armed = at
+	if l.ren.timer == nil {
+		l.ren.timer = time.AfterFunc(time.Until(at), l.renewer)
 		return
 	}
-	l.rtimer.Reset(time.Until(at))
+	l.ren.timer.Reset(time.Until(at))
 }
 
 // unschedule stops renewing le (Release, loss, Orphan). It returns a
@@ -96,12 +110,12 @@ func (l *Locker) armLocked() {
 // fires for a lease no longer queued, the renewer finds nothing due and
 // re-arms it for the next one.
 func (l *Locker) unschedule(le *Lease) <-chan struct{} {
-	l.rmu.Lock()
-	defer l.rmu.Unlock()
+	l.ren.mu.Lock()
+	defer l.ren.mu.Unlock()
 	le.renewing = false
 	inflight := le.inflight
-	if le.heapIndex >= 0 && le.heapIndex < len(l.rheap) && l.rheap[le.heapIndex] == le {
-		heap.Remove(&l.rheap, le.heapIndex)
+	if le.heapIndex >= 0 && le.heapIndex < len(l.ren.heap) && l.ren.heap[le.heapIndex] == le {
+		heap.Remove(&l.ren.heap, le.heapIndex)
 	}
 	return inflight
 }
@@ -111,15 +125,15 @@ func (l *Locker) unschedule(le *Lease) <-chan struct{} {
 // One runs at a time: a run that finds another running leaves (the
 // running one re-reads the heap before it ends).
 func (l *Locker) renewer() {
-	l.rmu.Lock()
-	if l.rbusy || l.rstopped {
-		l.rmu.Unlock()
+	l.ren.mu.Lock()
+	if l.ren.busy || l.ren.stopped {
+		l.ren.mu.Unlock()
 		return
 	}
-	l.rbusy, l.rarmed = true, time.Time{}
+	l.ren.busy, l.ren.armed = true, time.Time{}
 	done := make(chan struct{})
-	l.rdone = done
-	l.rmu.Unlock()
+	l.ren.done = done
+	l.ren.mu.Unlock()
 	defer close(done)
 	for {
 		// Once the earliest lease is due, take every lease due now, or
@@ -133,24 +147,24 @@ func (l *Locker) renewer() {
 		slack := l.cfg.ttl / 12
 		now := time.Now()
 		var due []*Lease
-		l.rmu.Lock()
-		limit := l.rlimit
-		if len(l.rheap) > 0 && l.rheap[0].nextAt.After(now) {
+		l.ren.mu.Lock()
+		limit := l.ren.limit
+		if len(l.ren.heap) > 0 && l.ren.heap[0].nextAt.After(now) {
 			limit = 0
 		}
-		for len(l.rheap) > 0 && !l.rheap[0].nextAt.After(now.Add(slack)) && len(due) < limit {
-			le := heap.Pop(&l.rheap).(*Lease)
+		for len(l.ren.heap) > 0 && !l.ren.heap[0].nextAt.After(now.Add(slack)) && len(due) < limit {
+			le := heap.Pop(&l.ren.heap).(*Lease)
 			if le.renewing {
 				due = append(due, le)
 			}
 		}
 		if len(due) == 0 {
-			l.rbusy = false
+			l.ren.busy = false
 			l.armLocked()
-			l.rmu.Unlock()
+			l.ren.mu.Unlock()
 			return
 		}
-		l.rmu.Unlock()
+		l.ren.mu.Unlock()
 		l.renewBatch(due)
 	}
 }
@@ -158,13 +172,13 @@ func (l *Locker) renewer() {
 // stopRenewer disarms the timer and waits, until ctx ends, for a renewer
 // run in progress (Close, after it released every lease).
 func (l *Locker) stopRenewer(ctx context.Context) {
-	l.rmu.Lock()
-	l.rstopped = true
-	if l.rtimer != nil {
-		l.rtimer.Stop()
+	l.ren.mu.Lock()
+	l.ren.stopped = true
+	if l.ren.timer != nil {
+		l.ren.timer.Stop()
 	}
-	busy, done := l.rbusy, l.rdone
-	l.rmu.Unlock()
+	busy, done := l.ren.busy, l.ren.done
+	l.ren.mu.Unlock()
 	if busy {
 		select {
 		case <-done:
@@ -185,7 +199,7 @@ func (l *Locker) renewBatch(due []*Lease) {
 	var renewed map[string]renewal
 	if err == nil {
 		done := make(chan struct{})
-		l.rmu.Lock()
+		l.ren.mu.Lock()
 		live := due[:0]
 		for _, le := range due {
 			if le.renewing {
@@ -193,18 +207,18 @@ func (l *Locker) renewBatch(due []*Lease) {
 				live = append(live, le)
 			}
 		}
-		l.rmu.Unlock()
+		l.ren.mu.Unlock()
 		due = live
 		send = time.Now()
 		if len(due) > 0 {
 			renewed, err = l.renewOn(conn, due, send)
 		}
 		leave()
-		l.rmu.Lock()
+		l.ren.mu.Lock()
 		for _, le := range due {
 			le.inflight = nil
 		}
-		l.rmu.Unlock()
+		l.ren.mu.Unlock()
 		close(done)
 	}
 	l.adaptBatch(len(due), err)
@@ -251,9 +265,9 @@ func (l *Locker) renewBatch(due []*Lease) {
 // quarter, up to renewBatchSize: probing for a bigger size again sooner
 // could fail the same leases twice within their windows.
 func (l *Locker) adaptBatch(n int, err error) {
-	l.rmu.Lock()
-	defer l.rmu.Unlock()
-	limit := l.rlimit
+	l.ren.mu.Lock()
+	defer l.ren.mu.Unlock()
+	limit := l.ren.limit
 	switch {
 	case err != nil && n >= minSplit:
 		div := 2
@@ -261,11 +275,11 @@ func (l *Locker) adaptBatch(n int, err error) {
 			div = 4
 		}
 		limit = max(min(limit, n)/div, minSplit/2)
-		l.rshrunk = time.Now()
-	case err == nil && n >= limit && time.Since(l.rshrunk) > l.cfg.ttl:
+		l.ren.shrunk = time.Now()
+	case err == nil && n >= limit && time.Since(l.ren.shrunk) > l.cfg.ttl:
 		limit = min(limit+max(limit/4, 1), renewBatchSize)
 	}
-	l.rlimit = limit
+	l.ren.limit = limit
 }
 
 // minSplit is the smallest failed renewal batch that shrinks the batch
@@ -273,8 +287,8 @@ func (l *Locker) adaptBatch(n int, err error) {
 const minSplit = 32
 
 func (l *Locker) requeue(le *Lease, at time.Time) {
-	l.rmu.Lock()
-	defer l.rmu.Unlock()
+	l.ren.mu.Lock()
+	defer l.ren.mu.Unlock()
 	if !le.renewing {
 		return
 	}

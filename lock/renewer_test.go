@@ -77,9 +77,9 @@ func TestRenewerRenewsLeaseAcquiredAfterARelease(t *testing.T) {
 	if err := l.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	l.rmu.Lock()
-	busy, stopped, queued := l.rbusy, l.rstopped, len(l.rheap)
-	l.rmu.Unlock()
+	l.ren.mu.Lock()
+	busy, stopped, queued := l.ren.busy, l.ren.stopped, len(l.ren.heap)
+	l.ren.mu.Unlock()
 	if busy || !stopped || queued != 0 {
 		t.Errorf("after Close: renewer busy %v, stopped %v, %d leases queued; want false, true, 0", busy, stopped, queued)
 	}

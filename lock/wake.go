@@ -57,24 +57,25 @@ type hubWaiter struct {
 	delayed *time.Timer // a paced wake-up due later; nil: none
 }
 
-var hub = struct {
+// hubState is the process's blocked acquires, per channel and key.
+type hubState struct {
 	sync.Mutex
 	waiters map[hubKey][]*hubWaiter // in arrival order
-}{waiters: map[hubKey][]*hubWaiter{}}
+}
 
 // hubAdd registers a waiter of key with ID id, whose Locker listens or
 // watches with pool.
 func hubAdd(pool *sql.DB, channel, key, id string) (*hubWaiter, func()) {
 	w := &hubWaiter{pool: pool, id: id, ch: make(chan struct{}, 1)}
 	k := hubKey{channel, key}
-	hub.Lock()
-	hub.waiters[k] = append(hub.waiters[k], w)
-	hub.Unlock()
+	process.hub.Lock()
+	process.hub.waiters[k] = append(process.hub.waiters[k], w)
+	process.hub.Unlock()
 	var once sync.Once
 	return w, func() {
 		once.Do(func() {
-			hub.Lock()
-			list := hub.waiters[k]
+			process.hub.Lock()
+			list := process.hub.waiters[k]
 			for i, o := range list {
 				if o == w {
 					list = append(list[:i:i], list[i+1:]...)
@@ -82,15 +83,15 @@ func hubAdd(pool *sql.DB, channel, key, id string) (*hubWaiter, func()) {
 				}
 			}
 			if len(list) == 0 {
-				delete(hub.waiters, k)
+				delete(process.hub.waiters, k)
 			} else {
-				hub.waiters[k] = list
+				process.hub.waiters[k] = list
 			}
 			if w.delayed != nil {
 				w.delayed.Stop()
 				w.delayed = nil
 			}
-			hub.Unlock()
+			process.hub.Unlock()
 			select {
 			case <-w.ch:
 				// Woken but leaving: pass the wake-up on.
@@ -103,9 +104,9 @@ func hubAdd(pool *sql.DB, channel, key, id string) (*hubWaiter, func()) {
 
 // hubUpdate records w's current lease ID and whether its marker is live.
 func hubUpdate(w *hubWaiter, id string, marked bool) {
-	hub.Lock()
+	process.hub.Lock()
 	w.id, w.marked = id, marked
-	hub.Unlock()
+	process.hub.Unlock()
 }
 
 // hubWake wakes one waiter of key in channel's namespace: with a target
@@ -113,9 +114,9 @@ func hubUpdate(w *hubWaiter, id string, marked bool) {
 // process and nobody otherwise (the others are blocked by its marker);
 // without, the marked waiter, else the oldest.
 func hubWake(channel, key, target string) {
-	hub.Lock()
-	defer hub.Unlock()
-	list := hub.waiters[hubKey{channel, key}]
+	process.hub.Lock()
+	defer process.hub.Unlock()
+	list := process.hub.waiters[hubKey{channel, key}]
 	if len(list) == 0 {
 		return
 	}
@@ -146,10 +147,10 @@ func hubWake(channel, key, target string) {
 // all): one that has none left is woken when it has, once, however many
 // changes come meanwhile.
 func hubWakeAll(pool *sql.DB, channel string) {
-	hub.Lock()
-	defer hub.Unlock()
+	process.hub.Lock()
+	defer process.hub.Unlock()
 	var picks []*hubWaiter
-	for k, list := range hub.waiters {
+	for k, list := range process.hub.waiters {
 		if k.channel != channel {
 			continue
 		}
@@ -178,8 +179,8 @@ func hubWakeAll(pool *sql.DB, channel string) {
 		if wait, ok := pick.budget.take(now, rate, burst); !ok {
 			w := pick
 			w.delayed = time.AfterFunc(wait, func() {
-				hub.Lock()
-				defer hub.Unlock()
+				process.hub.Lock()
+				defer process.hub.Unlock()
 				if w.delayed == nil {
 					return // left meanwhile
 				}
@@ -274,11 +275,13 @@ const (
 	pushDeaf                // Listen returned errors.ErrUnsupported
 )
 
-var listeners = struct {
+// listenerState is the process's listeners, one per pool and channel, and
+// what was learnt of each pool's push support.
+type listenerState struct {
 	sync.Mutex
 	m       map[listenerKey]*listener
 	verdict map[listenerKey]pushVerdict
-}{m: map[listenerKey]*listener{}, verdict: map[listenerKey]pushVerdict{}}
+}
 
 // listenPool is the pool the Locker's listener connects with.
 func (l *Locker) listenPool() *sql.DB {
@@ -296,9 +299,9 @@ const listenerLinger = 2 * time.Second
 // notifyReady reports whether a listener for the Locker's pool and
 // namespace listens, and since when, so waiters may poll less often.
 func (l *Locker) notifyReady() (bool, time.Time) {
-	listeners.Lock()
-	defer listeners.Unlock()
-	ln := listeners.m[listenerKey{l.listenPool(), l.channel}]
+	process.listeners.Lock()
+	defer process.listeners.Unlock()
+	ln := process.listeners.m[listenerKey{l.listenPool(), l.channel}]
 	if ln == nil || !ln.listening || ln.readyAt.IsZero() {
 		return false, time.Time{}
 	}
@@ -328,19 +331,19 @@ func (l *Locker) listenStart() func() {
 	}
 	channel := l.channel
 	k := listenerKey{l.listenPool(), channel}
-	listeners.Lock()
-	if listeners.verdict[k] == pushDeaf {
-		listeners.Unlock()
+	process.listeners.Lock()
+	if process.listeners.verdict[k] == pushDeaf {
+		process.listeners.Unlock()
 		return func() {}
 	}
-	ln := listeners.m[k]
+	ln := process.listeners.m[k]
 	if ln == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		// Once a listener of this pool has heard notifications, be
 		// optimistic until the first failure: waiters skip the fast first
 		// polls while the listener connects.
-		ln = &listener{cancel: cancel, done: make(chan struct{}), listening: listeners.verdict[k] == pushWorks}
-		listeners.m[k] = ln
+		ln = &listener{cancel: cancel, done: make(chan struct{}), listening: process.listeners.verdict[k] == pushWorks}
+		process.listeners.m[k] = ln
 		if push {
 			go ln.run(ctx, k, dl, l.cfg.logger)
 		} else {
@@ -352,12 +355,12 @@ func (l *Locker) listenStart() func() {
 		ln.linger = nil
 	}
 	ln.waiters++
-	listeners.Unlock()
+	process.listeners.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			listeners.Lock()
-			defer listeners.Unlock()
+			process.listeners.Lock()
+			defer process.listeners.Unlock()
 			ln.waiters--
 			if ln.waiters == 0 {
 				ln.linger = time.AfterFunc(listenerLinger, func() { stopListener(k, ln) })
@@ -368,17 +371,17 @@ func (l *Locker) listenStart() func() {
 
 // stopListener stops ln (the listener of k) unless a waiter came back.
 func stopListener(k listenerKey, ln *listener) {
-	listeners.Lock()
-	if ln.waiters > 0 || listeners.m[k] != ln {
-		listeners.Unlock()
+	process.listeners.Lock()
+	if ln.waiters > 0 || process.listeners.m[k] != ln {
+		process.listeners.Unlock()
 		return
 	}
-	delete(listeners.m, k)
+	delete(process.listeners.m, k)
 	if ln.linger != nil {
 		ln.linger.Stop()
 		ln.linger = nil
 	}
-	listeners.Unlock()
+	process.listeners.Unlock()
 	ln.cancel()
 	<-ln.done
 }
@@ -386,18 +389,18 @@ func stopListener(k listenerKey, ln *listener) {
 // stopIdleListeners stops the listeners of db that have no waiter (on
 // Close, so that no listening connection outlives the Lockers).
 func stopIdleListeners(db *sql.DB) {
-	listeners.Lock()
+	process.listeners.Lock()
 	var idle []listenerKey
-	for k, ln := range listeners.m {
+	for k, ln := range process.listeners.m {
 		if k.db == db && ln.waiters == 0 {
 			idle = append(idle, k)
 		}
 	}
 	lns := make([]*listener, len(idle))
 	for i, k := range idle {
-		lns[i] = listeners.m[k]
+		lns[i] = process.listeners.m[k]
 	}
-	listeners.Unlock()
+	process.listeners.Unlock()
 	for i, k := range idle {
 		stopListener(k, lns[i])
 	}
@@ -405,24 +408,24 @@ func stopIdleListeners(db *sql.DB) {
 
 // setListening records whether ln (the listener of k) listens now.
 func (ln *listener) setListening(k listenerKey, v bool) {
-	listeners.Lock()
+	process.listeners.Lock()
 	ln.listening = v
 	if v {
-		listeners.verdict[k] = pushWorks
+		process.listeners.verdict[k] = pushWorks
 		ln.readyAt = time.Now()
 	} else {
 		ln.readyAt = time.Time{}
 	}
-	listeners.Unlock()
+	process.listeners.Unlock()
 }
 
 // setDeaf records that k's pool cannot be listened to or watched, and
 // reports whether that is news.
 func setDeaf(k listenerKey) bool {
-	listeners.Lock()
-	defer listeners.Unlock()
-	first := listeners.verdict[k] != pushDeaf
-	listeners.verdict[k] = pushDeaf
+	process.listeners.Lock()
+	defer process.listeners.Unlock()
+	first := process.listeners.verdict[k] != pushDeaf
+	process.listeners.verdict[k] = pushDeaf
 	return first
 }
 
