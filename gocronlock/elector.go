@@ -31,7 +31,7 @@ var _ gocron.Elector = (*Elector)(nil)
 // the leader step down at most d after it was elected and campaign again
 // (SPEC H10); a bad acquire option ends the campaign (IsLeader returns
 // its error). Errors: an error matching lock.ErrInvalidInput for a nil
-// l, a bad key or a nil option (SPEC I1).
+// l, a bad key, a nil option or WithLogger(nil) (SPEC I1).
 func NewElector(l *lock.Locker, key string, opts ...Option) (*Elector, error) {
 	if l == nil {
 		return nil, fmt.Errorf("gocronlock: NewElector: nil *lock.Locker: %w", lock.ErrInvalidInput)

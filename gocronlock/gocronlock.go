@@ -38,15 +38,19 @@ type config struct {
 	logger  *slog.Logger
 	prefix  string
 	acquire []lock.AcquireOption
+	bad     error // the first option refused
 }
 
 // WithLogger sets where runs skipped because the key is held (DEBUG),
-// failed acquires (ERROR) and failed releases (WARN) are logged. Default slog.Default(); a nil logger keeps the default.
+// failed acquires (ERROR) and failed releases (WARN) are logged. Default
+// slog.Default(); nil is refused (lock.ErrInvalidInput), as lock.WithLogger
+// does.
 func WithLogger(logger *slog.Logger) Option {
 	return func(c *config) {
-		if logger != nil {
-			c.logger = logger
+		if logger == nil && c.bad == nil {
+			c.bad = &lock.InputError{Pkg: "gocronlock", Field: "logger", Value: "nil", Allowed: "a *slog.Logger; slog.New(slog.DiscardHandler) logs nothing"}
 		}
+		c.logger = logger
 	}
 }
 
@@ -73,6 +77,9 @@ func newConfig(opts []Option) (config, error) {
 		}
 		o(&c)
 	}
+	if c.bad != nil {
+		return c, c.bad
+	}
 	return c, nil
 }
 
@@ -90,8 +97,8 @@ type Locker struct {
 var _ gocron.Locker = (*Locker)(nil)
 
 // NewLocker returns a gocron.Locker that takes an exclusive lease per job
-// run on l. Errors: an error matching lock.ErrInvalidInput for a nil l or
-// a nil option (SPEC I1).
+// run on l. Errors: an error matching lock.ErrInvalidInput for a nil l,
+// a nil option or WithLogger(nil) (SPEC I1).
 func NewLocker(l *lock.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("gocronlock: NewLocker: nil *lock.Locker: %w", lock.ErrInvalidInput)

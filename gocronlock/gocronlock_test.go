@@ -3,6 +3,7 @@ package gocronlock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,6 +109,10 @@ func TestBadInput(t *testing.T) {
 		}
 		if _, err := gocronlock.NewLocker(l, nil); !errors.Is(err, lock.ErrInvalidInput) {
 			t.Errorf("NewLocker(l, nil) = %v, want ErrInvalidInput", err)
+		}
+		_, err := gocronlock.NewElector(l, "k", gocronlock.WithLogger(nil))
+		if !errors.Is(err, lock.ErrInvalidInput) || !strings.Contains(err.Error(), "logger nil") {
+			t.Errorf("NewElector(l, k, WithLogger(nil)) = %v, want ErrInvalidInput naming the nil logger", err)
 		}
 	})
 }
