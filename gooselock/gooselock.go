@@ -169,6 +169,18 @@ func (g *Locker) newLocker(ctx context.Context, db *sql.DB, d dialect.Dialect) (
 		lock.WithSchema(g.cfg.ns.Schema), lock.WithTablePrefix(g.cfg.ns.Prefix),
 	}, g.cfg.lockOpts...)
 	l, err := lock.New(ctx, db, d, opts...)
+	// A namespace given through WithLockOptions would make Lock create the
+	// tables in one place and look for them in another: refuse it before
+	// anything is written.
+	var se *lock.SchemaError
+	switch {
+	case errors.As(err, &se) && !sameNamespace(se.Namespace, g.cfg.ns):
+		return nil, g.namespaceConflict(se.Namespace)
+	case err == nil && !sameNamespace(l.Namespace(), g.cfg.ns):
+		ns := l.Namespace()
+		g.closeLocker(ctx, l)
+		return nil, g.namespaceConflict(ns)
+	}
 	if errors.Is(err, lock.ErrSchemaNotMigrated) {
 		if _, ok := d.(dialect.MigrationLocker); ok && db.Stats().MaxOpenConnections == 2 {
 			// goose's connection, migrate's, and one for its migration
@@ -188,6 +200,22 @@ func (g *Locker) newLocker(ctx context.Context, db *sql.DB, d dialect.Dialect) (
 		return nil, fmt.Errorf("gooselock: lock %q: %w", g.cfg.key, err)
 	}
 	return l, nil
+}
+
+// sameNamespace reports whether a and b name the same lock tables.
+func sameNamespace(a, b dialect.Namespace) bool {
+	return a.Schema == b.Schema && a.VersionTable() == b.VersionTable()
+}
+
+func (g *Locker) namespaceConflict(got dialect.Namespace) error {
+	show := func(ns dialect.Namespace) string {
+		if ns.Prefix == "" {
+			ns.Prefix = dialect.DefaultPrefix
+		}
+		return fmt.Sprintf("schema %q, prefix %q", ns.Schema, ns.Prefix)
+	}
+	return &lock.InputError{Pkg: "gooselock", Field: "namespace in WithLockOptions", Value: show(got),
+		Allowed: "the namespace given to gooselock.WithNamespace (now " + show(g.cfg.ns) + "), where Lock creates the tables: give it there, not as lock.WithSchema or lock.WithTablePrefix"}
 }
 
 // watch reports a loss of h's lease as soon as it happens, until Unlock.

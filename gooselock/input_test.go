@@ -58,6 +58,7 @@ func TestBadInput(t *testing.T) {
 		{"schema on SQLite", newWith(sqlitedialect.New(), gooselock.WithNamespace(dialect.Namespace{Schema: "locks"})), `schema "locks"`},
 		{"schema on SQLite, detected", lockWith(open(0), gooselock.WithNamespace(dialect.Namespace{Schema: "locks"})), `schema "locks"`},
 		{"bad lock option", lockWith(open(0), gooselock.WithLockOptions(lock.WithOwner(""))), `invalid owner ""`},
+		{"prefix as a lock option", lockWith(open(0), gooselock.WithLockOptions(lock.WithTablePrefix("nc_"))), `invalid namespace in WithLockOptions schema "", prefix "nc_"`},
 		{"nil db", lockWith(nil), "invalid database nil"},
 		{"one-connection pool", lockWith(open(1)), "SetMaxOpenConns(1)"},
 	} {

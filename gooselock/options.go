@@ -87,9 +87,9 @@ func WithLogger(l *slog.Logger) Option {
 // validated as dialect.Namespace.Validate; SPEC D3): Lock creates them
 // there when missing and takes the lease there. Default: the zero
 // Namespace (no schema, prefix "sqlease_"), as migrate.Up and lock.New.
-// Give the namespace here, not as lock.WithSchema or lock.WithTablePrefix
-// in WithLockOptions: Lock would create the tables in one place and look
-// for them in the other.
+// Give the namespace here: Lock refuses a different one given as
+// lock.WithSchema or lock.WithTablePrefix in WithLockOptions (it would
+// create the tables in one place and look for them in the other).
 func WithNamespace(ns dialect.Namespace) Option { return func(c *config) { c.ns = ns } }
 
 // WithLockOptions passes options to the lock.New call of every Lock, after

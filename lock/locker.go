@@ -336,6 +336,11 @@ func (l *Locker) Owner() string { return l.cfg.owner }
 // DB returns the pool the Locker acquires and releases through.
 func (l *Locker) DB() *sql.DB { return l.db }
 
+// Namespace returns the schema and table prefix of the Locker's lock tables
+// (WithSchema, WithTablePrefix; a Prefix of "" stands for
+// dialect.DefaultPrefix), as migrate.Up must be given them (SPEC D3).
+func (l *Locker) Namespace() dialect.Namespace { return l.cfg.ns }
+
 // heldKey is what one Locker has of one key, granted or still being
 // acquired: one exclusive lease or acquire, or any number of shared ones
 // (each its own database lease; SPEC W4, W5). IDs are the acquires' IDs
