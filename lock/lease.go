@@ -178,13 +178,19 @@ func (le *Lease) lostErr(reason LossReason, err error) *LeaseLostError {
 }
 
 // lose marks the lease lost, once, unless it was already released or its
-// function returned (SPEC H3, H4).
+// function returned (SPEC H3, H4). The Locker forgets the key before
+// anyone can learn of the loss (the lease's context, or lose's result to
+// a second caller while the first is still at work here), so that an
+// acquire made on learning it is not refused as reentrant (SPEC W4).
 func (le *Lease) lose(reason LossReason, err error) error {
 	le.mu.Lock()
 	if st := le.state; st != stateHeld {
 		le.mu.Unlock()
-		if c := context.Cause(le.ctx); c != nil && st == stateLost {
-			return c
+		if st == stateLost {
+			le.l.forget(le.key, le.activeID) // the first caller may not have yet
+			if c := context.Cause(le.ctx); c != nil {
+				return c
+			}
 		}
 		return le.lostErr(reason, err)
 	}
@@ -197,11 +203,11 @@ func (le *Lease) lose(reason LossReason, err error) error {
 		le.lostAt = le.trustedUntil
 	}
 	le.mu.Unlock()
+	le.l.forget(le.key, le.activeID)
 	lost := le.lostErr(reason, err)
 	le.cancel(lost)
 	le.stopRenewal()
 	le.watchdog.Stop()
-	le.l.forget(le.key, le.activeID)
 	le.l.emit(Event{Kind: EventLeaseLost, Key: le.key, Mode: le.mode, LeaseID: le.id, Token: le.token, Reason: reason, Err: err})
 	attrs := []any{"key", le.key, "lease_id", le.id, "token", le.token, "reason", string(reason)}
 	if err != nil {

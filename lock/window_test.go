@@ -109,6 +109,35 @@ func TestLateWatchdogDoesNotHoldTheKey(t *testing.T) {
 	_ = next.Release(ctx)
 }
 
+// TestLossSeenMidwayFreesTheKey: a loss is noticed by two callers at once
+// (the watchdog and a fence that found the row gone). The second learns of
+// it from lose while the first, preempted on a loaded machine, has only
+// marked the lease lost; an acquire it then makes must not be refused with
+// ErrReentrant (SPEC W4). The conformance case
+// S6_Serializable_FencedCounterAcrossProcesses failed this way under load
+// in CI ("key already held by this locker" after an orphaned lease's write
+// was refused as lost). The first caller's half-done loss is set up by
+// hand: the state it writes first.
+func TestLossSeenMidwayFreesTheKey(t *testing.T) {
+	ctx := t.Context()
+	l := windowLocker(t)
+	le, err := l.TryAcquire(ctx, "k", Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	le.stopRenewal()
+	le.watchdog.Stop()
+	le.mu.Lock()
+	le.state = stateLost // the first caller, preempted before it forgot the key
+	le.mu.Unlock()
+	if err := le.lose(LossFenceFailed, nil); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("second lose = %v, want a loss", err)
+	}
+	if _, err := l.TryAcquire(ctx, "k", Exclusive); errors.Is(err, ErrReentrant) {
+		t.Fatalf("acquire after the loss was reported: %v", err)
+	}
+}
+
 // TestTryOfHeldKeyDoesNotWaitForWriters: a try is the non-blocking form
 // (SPEC W3). On SQLite, a try of a key another Locker holds must be refused
 // at once even while another connection holds the database's write lock
