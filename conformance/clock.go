@@ -39,12 +39,8 @@ func clkDBClock(e *Env) func() time.Time {
 	return func() time.Time {
 		e.T.Helper()
 		hs, now, err := l.Holders(e.Ctx(), clkKey)
-		if err != nil {
-			e.T.Fatalf("holders: %v", err)
-		}
-		if len(hs) == 0 || now.IsZero() {
-			e.T.Fatalf("holders of %q: no row or no database time (%v, %v)", clkKey, hs, now)
-		}
+		e.Must(err, "holders")
+		e.Require(len(hs) != 0 && !now.IsZero(), "holders of %q: no row or no database time (%v, %v)", clkKey, hs, now)
 		return now
 	}
 }
@@ -55,11 +51,7 @@ func clkDBClock(e *Env) func() time.Time {
 func clkCheckExpiry(e *Env, what string, expiry, dbBefore, dbAfter time.Time, ttl time.Duration) {
 	e.T.Helper()
 	lo, hi := dbBefore.Add(ttl-clkResolution), dbAfter.Add(ttl+clkResolution)
-	if expiry.Before(lo) || expiry.After(hi) {
-		e.T.Errorf("%s: expiry %s is not database now + TTL %s: database time was %s before the statement and %s after it, so the expiry must lie in [%s, %s] (off by %s from the statement's start, %s from its end)",
-			what, clkFmt(expiry), ttl, clkFmt(dbBefore), clkFmt(dbAfter), clkFmt(lo), clkFmt(hi),
-			expiry.Sub(dbBefore.Add(ttl)), expiry.Sub(dbAfter.Add(ttl)))
-	}
+	e.Check(!expiry.Before(lo) && !expiry.After(hi), "%s: expiry %s is not database now + TTL %s: database time was %s before the statement and %s after it, so the expiry must lie in [%s, %s] (off by %s from the statement's start, %s from its end)", what, clkFmt(expiry), ttl, clkFmt(dbBefore), clkFmt(dbAfter), clkFmt(lo), clkFmt(hi), expiry.Sub(dbBefore.Add(ttl)), expiry.Sub(dbAfter.Add(ttl)))
 }
 
 func clkFmt(t time.Time) string { return t.UTC().Format("15:04:05.000000") }
@@ -77,19 +69,13 @@ func s2ExpiryIsDatabaseNowPlusTTL(e *Env) {
 		key := "s2/" + mode.String()
 		before := dbNow()
 		le, err := l.TryAcquire(ctx, key, mode)
-		if err != nil {
-			e.T.Fatalf("acquire %s: %v", mode, err)
-		}
+		e.Must(err, "acquire %s", mode)
 		after := dbNow()
 		clkCheckExpiry(e, "grant "+mode.String(), le.Expiry(), before, after, ttl)
 
 		hs, now, err := l.Holders(ctx, key)
-		if err != nil {
-			e.T.Fatalf("holders: %v", err)
-		}
-		if len(hs) != 1 || !hs[0].Expiry.Equal(le.Expiry()) {
-			e.T.Errorf("%s: the database holds %v, the handle reports expiry %s", mode, hs, clkFmt(le.Expiry()))
-		}
+		e.Must(err, "holders")
+		e.Check(len(hs) == 1 && hs[0].Expiry.Equal(le.Expiry()), "%s: the database holds %v, the handle reports expiry %s", mode, hs, clkFmt(le.Expiry()))
 		if left := le.Expiry().Sub(now); left <= 0 || left > ttl+clkResolution {
 			e.T.Errorf("%s: lease should be live for at most the TTL %s in database time, expiry - now = %s", mode, ttl, left)
 		}
@@ -98,14 +84,10 @@ func s2ExpiryIsDatabaseNowPlusTTL(e *Env) {
 		// renewal runs (later than the grant).
 		time.Sleep(50 * time.Millisecond)
 		before = dbNow()
-		if err := le.Renew(ctx); err != nil {
-			e.T.Fatalf("renew %s: %v", mode, err)
-		}
+		e.Must(le.Renew(ctx), "renew %s", mode)
 		after = dbNow()
 		clkCheckExpiry(e, "renewal "+mode.String(), le.Expiry(), before, after, ttl)
-		if err := le.Release(ctx); err != nil {
-			e.T.Fatalf("release: %v", err)
-		}
+		e.Must(le.Release(ctx), "release")
 	}
 }
 
@@ -129,17 +111,11 @@ func s2WaitedGrantUsesStatementTime(e *Env) {
 	b := e.NewLocker(nil, lock.WithTTL(newTTL))
 	dbNow := clkDBClock(e)
 	old, err := a.TryAcquire(ctx, "s2/k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	tx, err := e.DB.BeginTx(ctx, nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
+	e.Must(err, "begin")
 	defer tx.Rollback()
-	if err := old.Fence(ctx, tx); err != nil {
-		e.T.Fatalf("fence: %v", err)
-	}
+	e.Must(old.Fence(ctx, tx), "fence")
 	stopBusy := keepBusy(ctx, tx) // open longer than the TTL: busy, as a live holder's
 	defer stopBusy()
 	fencedAt := time.Now()
@@ -152,9 +128,7 @@ func s2WaitedGrantUsesStatementTime(e *Env) {
 	// the row.
 	rowExpired := func() bool {
 		hs, now, err := a.Holders(ctx, "s2/k")
-		if err != nil {
-			e.T.Fatalf("holders: %v", err)
-		}
+		e.Must(err, "holders")
 		for _, h := range hs {
 			if h.LeaseID == old.LeaseID() && now.Before(h.Expiry.Add(20*time.Millisecond)) {
 				return false
@@ -162,9 +136,7 @@ func s2WaitedGrantUsesStatementTime(e *Env) {
 		}
 		return !now.Before(old.Expiry().Add(20 * time.Millisecond))
 	}
-	if !Eventually(5*time.Second, rowExpired) {
-		e.T.Fatalf("the orphaned lease did not expire in database time")
-	}
+	e.Require(Eventually(5*time.Second, rowExpired), "the orphaned lease did not expire in database time")
 	type result struct {
 		le  *lock.Lease
 		err error
@@ -186,9 +158,7 @@ func s2WaitedGrantUsesStatementTime(e *Env) {
 	// clock while the transaction is still busy, then end it at once).
 	ended := dbNow()
 	stopBusy()
-	if err := tx.Rollback(); err != nil {
-		e.T.Fatalf("rollback: %v", err)
-	}
+	e.Must(tx.Rollback(), "rollback")
 	var r result
 	select {
 	case r = <-done:
@@ -201,12 +171,8 @@ func s2WaitedGrantUsesStatementTime(e *Env) {
 	defer r.le.Release(ctx)
 	after := dbNow()
 	waited := after.Sub(start)
-	if waited < hold/2 {
-		e.T.Fatalf("takeover waited only %s of database time; the case needs it to wait behind the transaction", waited)
-	}
-	if r.le.Token() <= old.Token() {
-		e.T.Errorf("takeover token %d not greater than %d", r.le.Token(), old.Token())
-	}
+	e.Require(waited >= hold/2, "takeover waited only %s of database time; the case needs it to wait behind the transaction", waited)
+	e.Check(r.le.Token() > old.Token(), "takeover token %d not greater than %d", r.le.Token(), old.Token())
 	// The expiry is (now + TTL) at the grant, which happened after the
 	// transaction ended and before `after`.
 	clkCheckExpiry(e, fmt.Sprintf("a grant that waited %s for a transaction (an expiry near %s would mean it was computed when its statement began)", waited, clkFmt(start.Add(newTTL))),

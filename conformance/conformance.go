@@ -283,6 +283,39 @@ func (w *caseLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// Must fails the case at once (Fatalf) when err is not nil, with the
+// message format (args as in Printf) followed by ": " and err; an empty
+// format prints err alone. It is a case's one-line check of a step that
+// must succeed for the rest of the case to mean anything.
+func (e *Env) Must(err error, format string, args ...any) {
+	e.T.Helper()
+	if err == nil {
+		return
+	}
+	if format == "" {
+		e.T.Fatalf("%v", err)
+	}
+	e.T.Fatalf(format+": %v", append(args, err)...)
+}
+
+// Check records a failure (Errorf, the case goes on) unless ok; format and
+// args say what was wrong.
+func (e *Env) Check(ok bool, format string, args ...any) {
+	e.T.Helper()
+	if !ok {
+		e.T.Errorf(format, args...)
+	}
+}
+
+// Require fails the case at once (Fatalf) unless ok; format and args say
+// what was wrong.
+func (e *Env) Require(ok bool, format string, args ...any) {
+	e.T.Helper()
+	if !ok {
+		e.T.Fatalf(format, args...)
+	}
+}
+
 // Ctx returns the case's context.
 func (e *Env) Ctx() context.Context { return e.T.Context() }
 

@@ -62,9 +62,7 @@ func createGuarded(ctx context.Context, db *sql.DB, d dialect.Dialect, table str
 func newGuarded(e *Env) guardedTable {
 	e.T.Helper()
 	g, err := createGuarded(e.Ctx(), e.DB, e.Dialect, e.Table("guarded"))
-	if err != nil {
-		e.T.Fatalf("create guarded table: %v", err)
-	}
+	e.Must(err, "create guarded table")
 	return g
 }
 
@@ -98,12 +96,8 @@ func (g guardedTable) read(ctx context.Context, q queryRower) (n, last int64, er
 func (g guardedTable) expect(e *Env, what string, n, last int64) {
 	e.T.Helper()
 	gn, gl, err := g.read(e.Ctx(), e.DB)
-	if err != nil {
-		e.T.Fatalf("%s: read guarded row: %v", what, err)
-	}
-	if gn != n || gl != last {
-		e.T.Errorf("%s: guarded row n=%d last_token=%d, want n=%d last_token=%d", what, gn, gl, n, last)
-	}
+	e.Must(err, "%s: read guarded row", what)
+	e.Check(gn == n && gl == last, "%s: guarded row n=%d last_token=%d, want n=%d last_token=%d", what, gn, gl, n, last)
 }
 
 // incIn returns a RunInTx function that increments the guarded row with
@@ -126,9 +120,7 @@ func wantLost(e *Env, what string, err error, lease *lock.Lease) *lock.LeaseLost
 		e.T.Errorf("%s: want *LeaseLostError matching ErrLeaseLost, got %v", what, err)
 		return nil
 	}
-	if lle.Token != lease.Token() || lle.LeaseID != lease.LeaseID() {
-		e.T.Errorf("%s: LeaseLostError names token %d lease %q, want %d %q", what, lle.Token, lle.LeaseID, lease.Token(), lease.LeaseID())
-	}
+	e.Check(lle.Token == lease.Token() && lle.LeaseID == lease.LeaseID(), "%s: LeaseLostError names token %d lease %q, want %d %q", what, lle.Token, lle.LeaseID, lease.Token(), lease.LeaseID())
 	return lle
 }
 
@@ -137,9 +129,7 @@ func wantLost(e *Env, what string, err error, lease *lock.Lease) *lock.LeaseLost
 func fenceManually(e *Env, lease *lock.Lease) error {
 	e.T.Helper()
 	tx, err := e.DB.BeginTx(e.Ctx(), nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
+	e.Must(err, "begin")
 	defer tx.Rollback()
 	return lease.Fence(e.Ctx(), tx)
 }
@@ -152,18 +142,12 @@ func f1LiveLeaseCommits(e *Env) {
 	g := newGuarded(e)
 	l := e.NewLocker(nil)
 	x, err := l.TryAcquire(ctx, "f1/live", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	if err := x.RunInTx(ctx, e.DB, nil, g.incIn(x, nil)); err != nil {
-		e.T.Fatalf("RunInTx on a live lease: %v", err)
-	}
+	e.Must(err, "acquire")
+	e.Must(x.RunInTx(ctx, e.DB, nil, g.incIn(x, nil)), "RunInTx on a live lease")
 	g.expect(e, "after RunInTx", 1, x.Token())
 	// Fence in the caller's own transaction.
 	tx, err := e.DB.BeginTx(ctx, nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
+	e.Must(err, "begin")
 	if err := x.Fence(ctx, tx); err != nil {
 		_ = tx.Rollback()
 		e.T.Fatalf("Fence on a live lease: %v", err)
@@ -172,9 +156,7 @@ func f1LiveLeaseCommits(e *Env) {
 		_ = tx.Rollback()
 		e.T.Fatalf("write after fence: %v", err)
 	}
-	if err := tx.Commit(); err != nil {
-		e.T.Fatalf("commit: %v", err)
-	}
+	e.Must(tx.Commit(), "commit")
 	g.expect(e, "after Fence+commit", 2, x.Token())
 	// The function's error rolls back and is returned as is.
 	boom := errors.New("boom")
@@ -184,23 +166,17 @@ func f1LiveLeaseCommits(e *Env) {
 		}
 		return boom
 	})
-	if !errors.Is(err, boom) || errors.Is(err, lock.ErrLeaseLost) {
-		e.T.Errorf("RunInTx with a failing function: want its error, got %v", err)
-	}
+	e.Check(errors.Is(err, boom) && !errors.Is(err, lock.ErrLeaseLost), "RunInTx with a failing function: want its error, got %v", err)
 	g.expect(e, "after a failed function", 2, x.Token())
 	if err := x.Err(); err != nil {
 		e.T.Errorf("lease ended by fenced transactions: %v", err)
 	}
-	if err := x.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
+	e.Must(x.Release(ctx), "release")
 	// Shared leases fence too.
 	var shared []*lock.Lease
 	for i := range 2 {
 		s, err := e.NewLocker(nil).TryAcquire(ctx, "f1/live", lock.Shared)
-		if err != nil {
-			e.T.Fatalf("shared %d: %v", i, err)
-		}
+		e.Must(err, "shared %d", i)
 		defer s.Release(ctx)
 		shared = append(shared, s)
 	}
@@ -222,17 +198,13 @@ func f2LeaseDeleted(e *Env) {
 	l, other := e.NewLocker(nil), e.NewLocker(nil)
 	const key = "f2/deleted"
 	x, err := l.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	if _, err := e.OpenDB().ExecContext(ctx, `DELETE FROM `+holders+` WHERE lease_id = `+e.Dialect.Placeholder(1), x.LeaseID()); err != nil {
 		e.T.Fatalf("delete lease row: %v", err)
 	}
 	// A successor takes the key while the stale handle still trusts it.
 	y, err := other.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("successor after the row was deleted: %v", err)
-	}
+	e.Must(err, "successor after the row was deleted")
 	if x.Err() != nil || x.Remaining() <= 0 {
 		e.T.Fatalf("stale handle already knows (err %v, remaining %s); the case needs it unaware", x.Err(), x.Remaining())
 	}
@@ -241,9 +213,7 @@ func f2LeaseDeleted(e *Env) {
 	if lle := wantLost(e, "RunInTx after the lease row was deleted", err, x); lle != nil && lle.Reason != lock.LossFenceFailed {
 		e.T.Errorf("loss reason %q, want %q", lle.Reason, lock.LossFenceFailed)
 	}
-	if called {
-		e.T.Errorf("RunInTx ran the function although the fence failed")
-	}
+	e.Check(!called, "RunInTx ran the function although the fence failed")
 	g.expect(e, "after the refused fenced write", 0, 0)
 	if err := x.Err(); !errors.Is(err, lock.ErrLeaseLost) {
 		e.T.Errorf("handle after a failed fence: Err() = %v, want ErrLeaseLost (SPEC H3)", err)
@@ -254,27 +224,19 @@ func f2LeaseDeleted(e *Env) {
 		e.T.Errorf("handle's context not ended after a failed fence")
 	}
 	wantLost(e, "Fence again", fenceManually(e, x), x)
-	if err := y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)); err != nil {
-		e.T.Fatalf("successor's fenced write: %v", err)
-	}
+	e.Must(y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)), "successor's fenced write")
 	g.expect(e, "after the successor's write", 1, y.Token())
 	// A released lease cannot write either; that is the caller's mistake,
 	// not a loss: ErrNotHeld, never ErrLeaseLost.
-	if err := y.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
+	e.Must(y.Release(ctx), "release")
 	called = false
 	for what, err := range map[string]error{
 		"RunInTx after Release": y.RunInTx(ctx, e.DB, nil, g.incIn(y, &called)),
 		"Fence after Release":   fenceManually(e, y),
 	} {
-		if !errors.Is(err, lock.ErrNotHeld) || errors.Is(err, lock.ErrLeaseLost) {
-			e.T.Errorf("%s: %v, want ErrNotHeld and not ErrLeaseLost", what, err)
-		}
+		e.Check(errors.Is(err, lock.ErrNotHeld) && !errors.Is(err, lock.ErrLeaseLost), "%s: %v, want ErrNotHeld and not ErrLeaseLost", what, err)
 	}
-	if called {
-		e.T.Errorf("RunInTx ran the function of a released lease")
-	}
+	e.Check(!called, "RunInTx ran the function of a released lease")
 	g.expect(e, "after writes of a released lease", 1, y.Token())
 }
 
@@ -287,30 +249,18 @@ func f2TakenOver(e *Env) {
 	l1 := e.NewLocker(nil, lock.WithTTL(500*time.Millisecond))
 	l2 := e.NewLocker(nil, lock.WithMaxBackoff(20*time.Millisecond))
 	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	if err := x.RunInTx(ctx, e.DB, nil, g.incIn(x, nil)); err != nil {
-		e.T.Fatalf("write while live: %v", err)
-	}
+	e.Must(err, "acquire")
+	e.Must(x.RunInTx(ctx, e.DB, nil, g.incIn(x, nil)), "write while live")
 	x.Orphan()
 	y, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
-	if err != nil {
-		e.T.Fatalf("takeover: %v", err)
-	}
-	if y.Token() <= x.Token() {
-		e.T.Errorf("successor token %d not above %d", y.Token(), x.Token())
-	}
+	e.Must(err, "takeover")
+	e.Check(y.Token() > x.Token(), "successor token %d not above %d", y.Token(), x.Token())
 	called := false
 	wantLost(e, "RunInTx of the taken-over lease", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x)
 	wantLost(e, "Fence of the taken-over lease", fenceManually(e, x), x)
-	if called {
-		e.T.Errorf("RunInTx ran the function of a taken-over lease")
-	}
+	e.Check(!called, "RunInTx ran the function of a taken-over lease")
 	g.expect(e, "after the taken-over lease tried to write", 1, x.Token())
-	if err := y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)); err != nil {
-		e.T.Fatalf("successor's fenced write: %v", err)
-	}
+	e.Must(y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)), "successor's fenced write")
 	g.expect(e, "after the successor's write", 2, y.Token())
 	_ = y.Release(ctx)
 }
@@ -322,9 +272,7 @@ func f2LossDuringTx(e *Env) {
 	g := newGuarded(e)
 	l := e.NewLocker(nil, lock.WithTTL(time.Second))
 	x, err := l.TryAcquire(ctx, "f2/loss-in-tx", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	x.Orphan()
 	wrote := false
 	err = x.RunInTx(ctx, e.DB, nil, func(ctx context.Context, tx *sql.Tx) error {
@@ -339,9 +287,7 @@ func f2LossDuringTx(e *Env) {
 		}
 		return nil
 	})
-	if !wrote {
-		e.T.Fatalf("fenced function did not write (fence on a live lease failed?): %v", err)
-	}
+	e.Require(wrote, "fenced function did not write (fence on a live lease failed?): %v", err)
 	wantLost(e, "RunInTx whose lease was lost before commit", err, x)
 	g.expect(e, "after the lost transaction", 0, 0)
 }
@@ -356,22 +302,16 @@ func f2StaleTokenRejected(e *Env) {
 	l1 := e.NewLocker(nil, lock.WithTTL(300*time.Millisecond))
 	l2 := e.NewLocker(nil, lock.WithMaxBackoff(20*time.Millisecond))
 	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	ext := e.OpenDB() // the "other" resource: written without a fence
 	if _, err := g.inc(ctx, ext, x.Token()); err != nil {
 		e.T.Fatalf("first holder's write: %v", err)
 	}
 	x.Orphan() // the first holder pauses and loses the lease
 	y, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
-	if err != nil {
-		e.T.Fatalf("takeover: %v", err)
-	}
+	e.Must(err, "takeover")
 	defer y.Release(ctx)
-	if y.Token() <= x.Token() {
-		e.T.Fatalf("successor token %d not above %d", y.Token(), x.Token())
-	}
+	e.Require(y.Token() > x.Token(), "successor token %d not above %d", y.Token(), x.Token())
 	if _, err := g.inc(ctx, ext, y.Token()); err != nil {
 		e.T.Fatalf("successor's write: %v", err)
 	}
@@ -449,13 +389,9 @@ func f1RowLockFence(e *Env) {
 	l2 := e.NewLocker(nil, lock.WithTTL(10*time.Second), lock.WithOwner("f1-takeover"), lock.WithMaxBackoff(20*time.Millisecond))
 	mon := e.OpenDB()
 	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	tx, err := e.DB.BeginTx(ctx, nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
+	e.Must(err, "begin")
 	defer tx.Rollback()
 	inspector, _ := e.Dialect.(LockInspector)
 	var session int64
@@ -465,9 +401,7 @@ func f1RowLockFence(e *Env) {
 		}
 	}
 	fencedAt := time.Now()
-	if err := x.Fence(ctx, tx); err != nil {
-		e.T.Fatalf("Fence: %v", err)
-	}
+	e.Must(x.Fence(ctx, tx), "Fence")
 	if _, err := g.inc(ctx, tx, x.Token()); err != nil {
 		e.T.Fatalf("fenced write: %v", err)
 	}
@@ -484,20 +418,14 @@ func f1RowLockFence(e *Env) {
 		err := x.Renew(ctx)
 		took := time.Since(start)
 		if err == nil {
-			if took >= 500*time.Millisecond {
-				e.T.Errorf("renewal took %s during the fenced transaction, want < 500ms (not blocked)", took)
-			}
+			e.Check(took < 500*time.Millisecond, "renewal took %s during the fenced transaction, want < 500ms (not blocked)", took)
 			e.T.Logf("renewal during the fenced transaction took %s (%d failed tries before: %v)", took.Round(time.Millisecond), try, renewErrs)
 			break
 		}
 		renewErrs = append(renewErrs, err)
-		if try == 4 || errors.Is(err, lock.ErrLeaseLost) {
-			e.T.Fatalf("renewal during the fenced transaction never succeeded: %v", renewErrs)
-		}
+		e.Require(try != 4 && !errors.Is(err, lock.ErrLeaseLost), "renewal during the fenced transaction never succeeded: %v", renewErrs)
 	}
-	if !x.Expiry().After(before) {
-		e.T.Errorf("renewal did not move the expiry: %v then %v", before, x.Expiry())
-	}
+	e.Check(x.Expiry().After(before), "renewal did not move the expiry: %v then %v", before, x.Expiry())
 	// The lease expires underneath the open fenced transaction; a takeover
 	// must wait for it.
 	x.Orphan()
@@ -522,9 +450,7 @@ func f1RowLockFence(e *Env) {
 	}
 	stopBusy()
 	commitStart := time.Now()
-	if err := tx.Commit(); err != nil {
-		e.T.Fatalf("commit of the fenced transaction: %v", err)
-	}
+	e.Must(tx.Commit(), "commit of the fenced transaction")
 	var r grantResult
 	select {
 	case r = <-done:
@@ -535,23 +461,15 @@ func f1RowLockFence(e *Env) {
 		e.T.Fatalf("takeover: %v", r.err)
 	}
 	defer r.lease.Release(ctx)
-	if r.at.Before(commitStart) {
-		e.T.Errorf("takeover granted %s before the fenced transaction committed", commitStart.Sub(r.at))
-	}
+	e.Check(!r.at.Before(commitStart), "takeover granted %s before the fenced transaction committed", commitStart.Sub(r.at))
 	e.T.Logf("takeover granted %s after the fenced commit", r.at.Sub(commitStart).Round(time.Millisecond))
-	if r.lease.Token() <= x.Token() {
-		e.T.Errorf("takeover token %d not above %d", r.lease.Token(), x.Token())
-	}
+	e.Check(r.lease.Token() > x.Token(), "takeover token %d not above %d", r.lease.Token(), x.Token())
 	g.expect(e, "fenced write committed", 1, x.Token())
 	called := false
 	wantLost(e, "RunInTx after takeover", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x)
-	if called {
-		e.T.Errorf("RunInTx ran the function of a taken-over lease")
-	}
+	e.Check(!called, "RunInTx ran the function of a taken-over lease")
 	g.expect(e, "after the old lease tried to write", 1, x.Token())
-	if err := r.lease.RunInTx(ctx, e.DB, nil, g.incIn(r.lease, nil)); err != nil {
-		e.T.Fatalf("successor's fenced write: %v", err)
-	}
+	e.Must(r.lease.RunInTx(ctx, e.DB, nil, g.incIn(r.lease, nil)), "successor's fenced write")
 	g.expect(e, "after the successor's write", 2, r.lease.Token())
 }
 
@@ -568,18 +486,12 @@ func f1WriteLockFence(e *Env) {
 	l1 := e.NewLocker(nil, lock.WithTTL(300*time.Millisecond), lock.WithOwner("f1-fenced"))
 	l2 := e.NewLocker(nil, lock.WithOwner("f1-takeover"), lock.WithMaxBackoff(20*time.Millisecond))
 	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	tx, err := e.DB.BeginTx(ctx, nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
+	e.Must(err, "begin")
 	defer tx.Rollback()
 	fencedAt := time.Now()
-	if err := x.Fence(ctx, tx); err != nil {
-		e.T.Fatalf("Fence: %v", err)
-	}
+	e.Must(x.Fence(ctx, tx), "Fence")
 	if _, err := g.inc(ctx, tx, x.Token()); err != nil {
 		e.T.Fatalf("fenced write: %v", err)
 	}
@@ -596,9 +508,7 @@ func f1WriteLockFence(e *Env) {
 	default:
 	}
 	commitStart := time.Now()
-	if err := tx.Commit(); err != nil {
-		e.T.Fatalf("commit of the fenced transaction: %v", err)
-	}
+	e.Must(tx.Commit(), "commit of the fenced transaction")
 	var r grantResult
 	select {
 	case r = <-done:
@@ -609,22 +519,14 @@ func f1WriteLockFence(e *Env) {
 		e.T.Fatalf("takeover: %v", r.err)
 	}
 	defer r.lease.Release(ctx)
-	if r.at.Before(commitStart) {
-		e.T.Errorf("takeover granted %s before the fenced transaction committed", commitStart.Sub(r.at))
-	}
+	e.Check(!r.at.Before(commitStart), "takeover granted %s before the fenced transaction committed", commitStart.Sub(r.at))
 	e.T.Logf("takeover granted %s after the fenced commit", r.at.Sub(commitStart).Round(time.Millisecond))
-	if r.lease.Token() <= x.Token() {
-		e.T.Errorf("takeover token %d not above %d", r.lease.Token(), x.Token())
-	}
+	e.Check(r.lease.Token() > x.Token(), "takeover token %d not above %d", r.lease.Token(), x.Token())
 	g.expect(e, "fenced write committed", 1, x.Token())
 	called := false
 	wantLost(e, "RunInTx after takeover", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x)
-	if called {
-		e.T.Errorf("RunInTx ran the function of a taken-over lease")
-	}
-	if err := r.lease.RunInTx(ctx, e.DB, nil, g.incIn(r.lease, nil)); err != nil {
-		e.T.Fatalf("successor's fenced write: %v", err)
-	}
+	e.Check(!called, "RunInTx ran the function of a taken-over lease")
+	e.Must(r.lease.RunInTx(ctx, e.DB, nil, g.incIn(r.lease, nil)), "successor's fenced write")
 	g.expect(e, "after the successor's write", 2, r.lease.Token())
 }
 
@@ -638,9 +540,7 @@ func f2FencedCounter(e *Env) {
 	ctx := e.Ctx()
 	g := newGuarded(e)
 	logTable, report := e.Table("fenced_log"), e.Table("fenced_report")
-	if err := createFencedCounterTables(ctx, e.DB, logTable, report); err != nil {
-		e.T.Fatalf("create tables: %v", err)
-	}
+	e.Must(createFencedCounterTables(ctx, e.DB, logTable, report), "create tables")
 	dur := 4 * time.Second
 	if e.Config.Short {
 		dur = 2 * time.Second
@@ -659,23 +559,17 @@ func f2FencedCounter(e *Env) {
 	if cerr := wait(); cerr != nil {
 		err = errors.Join(err, cerr)
 	}
-	if err != nil {
-		e.T.Fatalf("fenced counter workers: %v", err)
-	}
+	e.Must(err, "fenced counter workers")
 	// What the workers say they did.
 	type tally struct{ ok, lost, stale, grants, orphans int64 }
 	rows, err := e.DB.QueryContext(ctx, `SELECT worker, ok, lost, stale, grants, orphans FROM `+report)
-	if err != nil {
-		e.T.Fatalf("read report: %v", err)
-	}
+	e.Must(err, "read report")
 	perWorker := map[string]tally{}
 	var total tally
 	for rows.Next() {
 		var w string
 		var t tally
-		if err := rows.Scan(&w, &t.ok, &t.lost, &t.stale, &t.grants, &t.orphans); err != nil {
-			e.T.Fatalf("read report: %v", err)
-		}
+		e.Must(rows.Scan(&w, &t.ok, &t.lost, &t.stale, &t.grants, &t.orphans), "read report")
 		perWorker[w] = t
 		total.ok += t.ok
 		total.lost += t.lost
@@ -684,25 +578,19 @@ func f2FencedCounter(e *Env) {
 		total.orphans += t.orphans
 	}
 	_ = rows.Close()
-	if len(perWorker) != 3+2*2 {
-		e.T.Errorf("%d workers reported, want %d: %v", len(perWorker), 3+2*2, perWorker)
-	}
+	e.Check(len(perWorker) == 3+2*2, "%d workers reported, want %d: %v", len(perWorker), 3+2*2, perWorker)
 	e.T.Logf("%d grants, %d orphaned; %d fenced increments committed, %d refused as lost, %d refused by the token guard; per worker %v",
 		total.grants, total.orphans, total.ok, total.lost, total.stale, perWorker)
 	// What the database holds.
 	rows, err = e.DB.QueryContext(ctx, `SELECT n, token, worker FROM `+logTable+` ORDER BY n`)
-	if err != nil {
-		e.T.Fatalf("read log: %v", err)
-	}
+	e.Must(err, "read log")
 	logged := map[string]int64{}
 	var count, prevToken int64
 	var bad []string
 	for rows.Next() {
 		var n, token int64
 		var w string
-		if err := rows.Scan(&n, &token, &w); err != nil {
-			e.T.Fatalf("read log: %v", err)
-		}
+		e.Must(rows.Scan(&n, &token, &w), "read log")
 		count++
 		logged[w]++
 		if n != count {
@@ -721,24 +609,14 @@ func f2FencedCounter(e *Env) {
 		e.T.Errorf("%s", b)
 	}
 	n, last, err := g.read(ctx, e.DB)
-	if err != nil {
-		e.T.Fatalf("read counter: %v", err)
-	}
-	if n != count || n != total.ok {
-		e.T.Errorf("counter %d, log rows %d, increments reported committed %d: want all equal", n, count, total.ok)
-	}
-	if count > 0 && last != prevToken {
-		e.T.Errorf("counter's last token %d, last logged token %d", last, prevToken)
-	}
+	e.Must(err, "read counter")
+	e.Check(n == count && n == total.ok, "counter %d, log rows %d, increments reported committed %d: want all equal", n, count, total.ok)
+	e.Check(count <= 0 || last == prevToken, "counter's last token %d, last logged token %d", last, prevToken)
 	for w, t := range perWorker {
 		if logged[w] != t.ok {
 			e.T.Errorf("worker %s: RunInTx succeeded %d times, %d of its increments committed", w, t.ok, logged[w])
 		}
 	}
-	if total.stale != 0 {
-		e.T.Errorf("the token guard refused %d fenced writes: a fence let a stale lease reach the resource", total.stale)
-	}
-	if total.ok < 10 || total.orphans == 0 || total.lost == 0 {
-		e.T.Errorf("the case did not exercise enough: %d increments, %d orphaned leases, %d lost writes", total.ok, total.orphans, total.lost)
-	}
+	e.Check(total.stale == 0, "the token guard refused %d fenced writes: a fence let a stale lease reach the resource", total.stale)
+	e.Check(total.ok >= 10 && total.orphans != 0 && total.lost != 0, "the case did not exercise enough: %d increments, %d orphaned leases, %d lost writes", total.ok, total.orphans, total.lost)
 }

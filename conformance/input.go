@@ -54,15 +54,9 @@ func inpWantInput(e *Env, what string, err error, field, value string) {
 		e.T.Errorf("%s: want a *lock.InputError matching ErrInvalidInput, got %v", what, err)
 		return
 	}
-	if ie.Field != field {
-		e.T.Errorf("%s: error names field %q, want %q (%v)", what, ie.Field, field, err)
-	}
-	if !strings.Contains(ie.Value, value) {
-		e.T.Errorf("%s: error value %q should show %q", what, ie.Value, value)
-	}
-	if ie.Allowed == "" || !strings.Contains(err.Error(), ie.Allowed) || !strings.Contains(err.Error(), ie.Value) {
-		e.T.Errorf("%s: message %q should name the value %q and what is allowed (%q)", what, err, ie.Value, ie.Allowed)
-	}
+	e.Check(ie.Field == field, "%s: error names field %q, want %q (%v)", what, ie.Field, field, err)
+	e.Check(strings.Contains(ie.Value, value), "%s: error value %q should show %q", what, ie.Value, value)
+	e.Check(ie.Allowed != "" && strings.Contains(err.Error(), ie.Allowed) && strings.Contains(err.Error(), ie.Value), "%s: message %q should name the value %q and what is allowed (%q)", what, err, ie.Value, ie.Allowed)
 }
 
 // inpWantName checks that err matches dialect.ErrInvalidName (and, when
@@ -74,12 +68,8 @@ func inpWantName(e *Env, what string, err error, value string, input bool) {
 		e.T.Errorf("%s: want an error matching dialect.ErrInvalidName, got %v", what, err)
 		return
 	}
-	if input && !errors.Is(err, lock.ErrInvalidInput) {
-		e.T.Errorf("%s: want an error also matching lock.ErrInvalidInput, got %v", what, err)
-	}
-	if !strings.Contains(err.Error(), value) && !strings.Contains(err.Error(), strconv.Quote(value)) {
-		e.T.Errorf("%s: message %q should name the value %q", what, err, value)
-	}
+	e.Check(!input || errors.Is(err, lock.ErrInvalidInput), "%s: want an error also matching lock.ErrInvalidInput, got %v", what, err)
+	e.Check(strings.Contains(err.Error(), value) || strings.Contains(err.Error(), strconv.Quote(value)), "%s: message %q should name the value %q", what, err, value)
 }
 
 // d3BadSchemaAndPrefixRejected: bad schema names and prefixes are refused
@@ -114,9 +104,7 @@ func d3BadSchemaAndPrefixRejected(e *Env) {
 		ns := dialect.Namespace{Schema: v}
 		_, err = migrate.Up(ctx, e.DB, e.Dialect, migrate.WithNamespace(ns))
 		inpWantName(e, fmt.Sprintf("migrate.Up with %+v", ns), err, v, true)
-		if err != nil && !strings.Contains(err.Error(), "reserved") {
-			e.T.Errorf("migrate.Up with %+v = %v; want it to say the schema is reserved", ns, err)
-		}
+		e.Check(err == nil || strings.Contains(err.Error(), "reserved"), "migrate.Up with %+v = %v; want it to say the schema is reserved", ns, err)
 		_, err = migrate.FS(e.Dialect, migrate.WithNamespace(ns))
 		inpWantName(e, fmt.Sprintf("migrate.FS with %+v", ns), err, v, true)
 	}
@@ -132,19 +120,13 @@ func d3BadSchemaAndPrefixRejected(e *Env) {
 		e.T.Fatalf("migrate.Up with a %d-byte prefix: %v", len(ns.Prefix), err)
 	}
 	long, err := inpNewLocker(e, e.DB, lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix))
-	if err != nil {
-		e.T.Fatalf("lock.New with a %d-byte prefix: %v", len(ns.Prefix), err)
-	}
+	e.Must(err, "lock.New with a %d-byte prefix", len(ns.Prefix))
 	le, err := long.TryAcquire(ctx, "d3/k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire with a %d-byte prefix: %v", len(ns.Prefix), err)
-	}
+	e.Must(err, "acquire with a %d-byte prefix", len(ns.Prefix))
 	// A writer waits for the key (so that a release has someone to wake),
 	// then the holder releases and the writer is granted.
 	waiter, err := inpNewLocker(e, e.DB, lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix), lock.WithLogger(e.Logger))
-	if err != nil {
-		e.T.Fatalf("lock.New with a %d-byte prefix: %v", len(ns.Prefix), err)
-	}
+	e.Must(err, "lock.New with a %d-byte prefix", len(ns.Prefix))
 	granted := make(chan error, 1)
 	go func() {
 		w, err := waiter.Acquire(ctx, "d3/k", lock.Exclusive, lock.WaitTimeout(10*time.Second))
@@ -197,16 +179,12 @@ func d3KeysAreBoundAndByteExact(e *Env) {
 			e.T.Errorf("acquire %q: %v", k, err)
 			continue
 		}
-		if le.Key() != k {
-			e.T.Errorf("lease key %q, want %q", le.Key(), k)
-		}
+		e.Check(le.Key() == k, "lease key %q, want %q", le.Key(), k)
 		leases[k] = le
 	}
 	// Every key is held exactly once, exclusively, under its exact bytes.
 	all, _, err := a.Holders(ctx, "")
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
+	e.Must(err, "holders")
 	seen := map[string]int{}
 	for _, h := range all {
 		seen[h.Key]++
@@ -236,16 +214,12 @@ func d3KeysAreBoundAndByteExact(e *Env) {
 		"'; ":   {keys[0]},
 	} {
 		hs, _, err := a.Holders(ctx, prefix)
-		if err != nil {
-			e.T.Fatalf("holders %q: %v", prefix, err)
-		}
+		e.Must(err, "holders %q", prefix)
 		var got []string
 		for _, h := range hs {
 			got = append(got, h.Key)
 		}
-		if strings.Join(got, "\x00") != strings.Join(want, "\x00") && !sameSet(got, want) {
-			e.T.Errorf("holders with prefix %q: got %q, want %q", prefix, got, want)
-		}
+		e.Check(strings.Join(got, "\x00") == strings.Join(want, "\x00") || sameSet(got, want), "holders with prefix %q: got %q, want %q", prefix, got, want)
 	}
 	// Release all; the injected statements did nothing.
 	for k, le := range leases {
@@ -305,9 +279,7 @@ func i1BadInputRejected(e *Env) {
 	other := e.NewLocker(e.OpenDB())
 	// Something in the tables, so "unchanged" is not just "empty".
 	held, err := other.TryAcquire(ctx, "i1/held", lock.Shared)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	defer held.Release(ctx)
 	rows := stgRowCount(e, l)
 	writes := e.Faults.Count("")
@@ -387,9 +359,7 @@ func i1BadInputRejected(e *Env) {
 
 	// Bad arguments of a held lease.
 	le, err := l.TryAcquire(ctx, "i1/lease", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	err = le.Fence(ctx, nil)
 	inpWantInput(e, "Fence with a nil transaction", err, "transaction", "nil")
 	err = le.RunInTx(ctx, nil, nil, func(context.Context, *sql.Tx) error { return nil })
@@ -425,9 +395,7 @@ func i1BadLockerConfig(e *Env) {
 	for _, ttl := range []time.Duration{lock.MinTTL - 1, lock.MinTTL - time.Millisecond, lock.MaxTTL + 1, 1000 * time.Hour, -time.Second} {
 		_, err := e.TryNewLocker(nil, lock.WithTTL(ttl))
 		inpWantInput(e, fmt.Sprintf("WithTTL(%s)", ttl), err, "TTL", ttl.String())
-		if err != nil && (!strings.Contains(err.Error(), lock.MinTTL.String()) || !strings.Contains(err.Error(), lock.MaxTTL.String())) {
-			e.T.Errorf("WithTTL(%s): the message should state the range %s..%s: %v", ttl, lock.MinTTL, lock.MaxTTL, err)
-		}
+		e.Check(err == nil || strings.Contains(err.Error(), lock.MinTTL.String()) && strings.Contains(err.Error(), lock.MaxTTL.String()), "WithTTL(%s): the message should state the range %s..%s: %v", ttl, lock.MinTTL, lock.MaxTTL, err)
 		if err := lock.CheckTTL(ttl); !errors.Is(err, lock.ErrInvalidInput) {
 			e.T.Errorf("CheckTTL(%s): want ErrInvalidInput, got %v", ttl, err)
 		}
@@ -490,13 +458,9 @@ func i1UnknownDialectAndUnmigrated(e *Env) {
 			e.T.Errorf("Lookup(%q): want ErrUnknownDialect, got %v, %v", name, d, err)
 			continue
 		}
-		if !strings.Contains(err.Error(), fmt.Sprintf("%q", name)) {
-			e.T.Errorf("Lookup(%q): message %q should name the value", name, err)
-		}
+		e.Check(strings.Contains(err.Error(), fmt.Sprintf("%q", name)), "Lookup(%q): message %q should name the value", name, err)
 		for _, n := range dialect.Names() {
-			if !strings.Contains(err.Error(), n) {
-				e.T.Errorf("Lookup(%q): message %q should list registered dialect %q", name, err, n)
-			}
+			e.Check(strings.Contains(err.Error(), n), "Lookup(%q): message %q should list registered dialect %q", name, err, n)
 		}
 	}
 	if d, err := dialect.Lookup(e.Dialect.Name()); err != nil || d.Name() != e.Dialect.Name() {
@@ -509,13 +473,9 @@ func i1UnknownDialectAndUnmigrated(e *Env) {
 	if !errors.Is(err, lock.ErrSchemaNotMigrated) || !errors.As(err, &se) {
 		e.T.Fatalf("lock.New on unmigrated tables: want *SchemaError matching ErrSchemaNotMigrated, got %v", err)
 	}
-	if se.Current != 0 || se.Want < 1 || se.Dialect != e.Dialect.Name() || se.Table != ns.VersionTable() {
-		e.T.Errorf("schema error %+v: want current 0, want >= 1, dialect %q, table %q", se, e.Dialect.Name(), ns.VersionTable())
-	}
+	e.Check(se.Current == 0 && se.Want >= 1 && se.Dialect == e.Dialect.Name() && se.Table == ns.VersionTable(), "schema error %+v: want current 0, want >= 1, dialect %q, table %q", se, e.Dialect.Name(), ns.VersionTable())
 	for _, s := range []string{"migrate.Up", "sqlease migrate"} {
-		if !strings.Contains(err.Error(), s) {
-			e.T.Errorf("schema error %q should say to run %s", err, s)
-		}
+		e.Check(strings.Contains(err.Error(), s), "schema error %q should say to run %s", err, s)
 	}
 	for _, name := range []string{"holders", "markers", "keys"} {
 		if stgTableExists(e, ns, name) {
@@ -525,9 +485,7 @@ func i1UnknownDialectAndUnmigrated(e *Env) {
 	// Without the schema check, the first operation reports the missing
 	// tables instead of acting.
 	l, err := inpNewLocker(e, e.DB, lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix), lock.WithoutSchemaCheck(), lock.WithLogger(discard))
-	if err != nil {
-		e.T.Fatalf("lock.New without schema check: %v", err)
-	}
+	e.Must(err, "lock.New without schema check")
 	if le, err := l.TryAcquire(ctx, "i1/k", lock.Exclusive); err == nil {
 		_ = le.Release(ctx)
 		e.T.Errorf("TryAcquire on tables that do not exist succeeded")

@@ -51,18 +51,12 @@ func (e *Env) isolate(iso sql.IsolationLevel) {
 	if errors.Is(err, errors.ErrUnsupported) {
 		e.T.Skipf("sessions cannot default to %s: %v", iso, err)
 	}
-	if err != nil {
-		e.T.Fatalf("isolation DSN for %s: %v", iso, err)
-	}
+	e.Must(err, "isolation DSN for %s", iso)
 	raw, err := sql.Open(e.Config.DriverName, dsn)
-	if err != nil {
-		e.T.Fatalf("open %s: %v", e.Config.DriverName, err)
-	}
+	e.Must(err, "open %s", e.Config.DriverName)
 	conn, err := faultdb.DSNConnector(raw.Driver(), dsn)
 	_ = raw.Close()
-	if err != nil {
-		e.T.Fatalf("connector: %v", err)
-	}
+	e.Must(err, "connector")
 	old := e.DB
 	e.T.Cleanup(func() { _ = old.Close() })
 	db := sql.OpenDB(e.Faults.Connector(conn))

@@ -65,17 +65,13 @@ var lcParamRE = regexp.MustCompile(`@[_a-z0-9]+`)
 // the statement template of operation name, for matching faultdb rules.
 func lcRendered(e *Env, name, template string) string {
 	e.T.Helper()
-	if template == "" {
-		e.T.Fatalf("dialect %q has no %s statement", e.Dialect.Name(), name)
-	}
+	e.Require(template != "", "dialect %q has no %s statement", e.Dialect.Name(), name)
 	var params []string
 	for _, p := range lcParamRE.FindAllString(template, -1) {
 		params = append(params, p[1:])
 	}
 	st, err := dialect.Compile(e.Dialect, e.Namespace, template, params)
-	if err != nil {
-		e.T.Fatalf("render %s: %v", name, err)
-	}
+	e.Must(err, "render %s", name)
 	return st.SQL
 }
 
@@ -117,9 +113,7 @@ func lcAcquireSQL(e *Env) string {
 		return lcRendered(e, "Grant", g)
 	}
 	s := e.Dialect.Statements().Acquire
-	if len(s) == 0 {
-		e.T.Fatalf("dialect %q has no Acquire statement", e.Dialect.Name())
-	}
+	e.Require(len(s) != 0, "dialect %q has no Acquire statement", e.Dialect.Name())
 	return lcRendered(e, "Acquire", s[len(s)-1])
 }
 
@@ -181,9 +175,7 @@ func lcTransientError(e *Env) error {
 func lcHolders(e *Env, l *lock.Locker, key string) []lock.Holder {
 	e.T.Helper()
 	hs, _, err := l.Holders(e.Ctx(), key)
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
+	e.Must(err, "holders")
 	return hs
 }
 
@@ -195,9 +187,7 @@ func lcWarm(e *Env, db *sql.DB, n int) {
 	conns := make([]*sql.Conn, 0, n)
 	for i := 0; i < n; i++ {
 		c, err := db.Conn(e.Ctx())
-		if err != nil {
-			e.T.Fatalf("connect: %v", err)
-		}
+		e.Must(err, "connect")
 		conns = append(conns, c)
 	}
 	for _, c := range conns {
@@ -235,12 +225,8 @@ func lcLoss(e *Env, what string, err error, le *lock.Lease) *lock.LeaseLostError
 func lcLiveInDatabase(e *Env, l *lock.Locker, le *lock.Lease) {
 	e.T.Helper()
 	hs, now, err := l.Holders(e.Ctx(), le.Key())
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
-	if len(hs) != 1 || hs[0].LeaseID != le.LeaseID() || hs[0].Token != le.Token() || !hs[0].Expiry.After(now) {
-		e.T.Errorf("want our lease live in the database (token %d), got %v at %v", le.Token(), hs, now)
-	}
+	e.Must(err, "holders")
+	e.Check(len(hs) == 1 && hs[0].LeaseID == le.LeaseID() && hs[0].Token == le.Token() && hs[0].Expiry.After(now), "want our lease live in the database (token %d), got %v at %v", le.Token(), hs, now)
 }
 
 // lcWaitDone waits for le's context to end; it returns when it did, or the
@@ -268,41 +254,29 @@ func h1RemainingIsTrustedWindow(e *Env) {
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithSafetyMargin(margin))
 	before := time.Now()
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	r0 := le.Remaining()
 	took := time.Since(before)
 	// The window starts when the acquire was sent: after before, before now.
-	if r0 > window || r0 < window-took {
-		e.T.Errorf("Remaining right after acquire = %s, want TTL - margin = %s minus at most the %s the acquire took", r0, window, took)
-	}
+	e.Check(r0 <= window && r0 >= window-took, "Remaining right after acquire = %s, want TTL - margin = %s minus at most the %s the acquire took", r0, window, took)
 	time.Sleep(50 * time.Millisecond)
 	r1 := le.Remaining()
 	after1 := time.Now()
-	if r1 > r0-50*time.Millisecond {
-		e.T.Errorf("Remaining did not decrease with time: %s, then %s 50ms later", r0, r1)
-	}
+	e.Check(r1 <= r0-50*time.Millisecond, "Remaining did not decrease with time: %s, then %s 50ms later", r0, r1)
 	exp0 := le.Expiry()
 	remove()
 	close(gate)
-	if !Eventually(window, func() bool { return le.Expiry().After(exp0) }) {
-		e.T.Fatalf("no renewal within the trusted window (expiry still %v); lease err: %v", exp0, le.Err())
-	}
+	e.Require(Eventually(window, func() bool { return le.Expiry().After(exp0) }), "no renewal within the trusted window (expiry still %v); lease err: %v", exp0, le.Err())
 	before2 := time.Now()
 	r2 := le.Remaining()
-	if r2 > window {
-		e.T.Errorf("Remaining after renewal = %s, more than TTL - margin = %s", r2, window)
-	}
+	e.Check(r2 <= window, "Remaining after renewal = %s, more than TTL - margin = %s", r2, window)
 	// The window moved to the renewal's send time, at least one renewal
 	// interval after the acquire was sent.
 	end1, end2 := after1.Add(r1), before2.Add(r2)
 	if moved := end2.Sub(end1); moved < interval/2 {
 		e.T.Errorf("renewal moved the end of the trusted window by %s, want about the renewal interval %s or more", moved, interval)
 	}
-	if err := le.Err(); err != nil {
-		e.T.Fatalf("lease ended: %v", err)
-	}
+	e.Must(le.Err(), "lease ended")
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
@@ -317,14 +291,10 @@ func h1BlockedRenewalsEndWindow(e *Env) {
 	const window = ttl - margin
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithSafetyMargin(margin))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	// Let one renewal through first, so the window that ends is a renewed one.
 	exp0 := le.Expiry()
-	if !Eventually(window, func() bool { return le.Expiry().After(exp0) }) {
-		e.T.Fatalf("no renewal within the trusted window; lease err: %v", le.Err())
-	}
+	e.Require(Eventually(window, func() bool { return le.Expiry().After(exp0) }), "no renewal within the trusted window; lease err: %v", le.Err())
 	// The window cannot end before endLo (a renewal in flight may still
 	// move it later) and must end by endHi: every renewal that can still
 	// succeed was sent before the rule was in place.
@@ -338,28 +308,18 @@ func h1BlockedRenewalsEndWindow(e *Env) {
 		r := le.Remaining()
 		lostErr := le.Err()
 		ta := time.Now()
-		if r > 0 && tb.Add(r).After(endHi) {
-			e.T.Fatalf("Remaining = %s at %s after renewals were blocked: it trusts the lease past the window of the last renewal sent (%s after blocking)", r, tb.Sub(t0), endHi.Sub(t0))
-		}
-		if lostErr != nil && ta.Before(endLo) {
-			e.T.Fatalf("lease reported lost %s before its trusted window could end: %v", endLo.Sub(ta), lostErr)
-		}
+		e.Require(r <= 0 || !tb.Add(r).After(endHi), "Remaining = %s at %s after renewals were blocked: it trusts the lease past the window of the last renewal sent (%s after blocking)", r, tb.Sub(t0), endHi.Sub(t0))
+		e.Require(lostErr == nil || !ta.Before(endLo), "lease reported lost %s before its trusted window could end: %v", endLo.Sub(ta), lostErr)
 		if r == 0 {
 			zeroAt = tb
 			break
 		}
-		if tb.After(endHi.Add(lcSlack)) {
-			e.T.Fatalf("Remaining still %s, %s after the latest possible end of the trusted window", r, tb.Sub(endHi))
-		}
+		e.Require(!tb.After(endHi.Add(lcSlack)), "Remaining still %s, %s after the latest possible end of the trusted window", r, tb.Sub(endHi))
 		time.Sleep(2 * time.Millisecond)
 	}
 	lostAt := lcWaitDone(le, time.Until(endHi.Add(lcSlack)))
-	if lostAt.IsZero() {
-		e.T.Fatalf("lease not reported lost by %s after the trusted window ended (Remaining reached 0 %s after blocking)", lcSlack, zeroAt.Sub(t0))
-	}
-	if lostAt.Before(endLo) {
-		e.T.Errorf("lease reported lost %s before its trusted window ended", endLo.Sub(lostAt))
-	}
+	e.Require(!lostAt.IsZero(), "lease not reported lost by %s after the trusted window ended (Remaining reached 0 %s after blocking)", lcSlack, zeroAt.Sub(t0))
+	e.Check(!lostAt.Before(endLo), "lease reported lost %s before its trusted window ended", endLo.Sub(lostAt))
 	if lost := lcLoss(e, "blocked renewals", le.Err(), le); lost != nil && lost.Reason != lock.LossWindowExhausted {
 		e.T.Errorf("loss reason %q, want %q", lost.Reason, lock.LossWindowExhausted)
 	}
@@ -373,23 +333,15 @@ func h2TransientErrorKeepsLease(e *Env) {
 	const ttl = 1200 * time.Millisecond
 	l := e.NewLocker(nil, lock.WithTTL(ttl))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	transient := lcTransientError(e)
 	var hits atomic.Int64
 	lcRenewalFault(e, faultdb.Rule{Action: faultdb.Fail, Err: transient, Times: 1, Hits: &hits})
-	if !Eventually(2*ttl, func() bool { return hits.Load() >= 1 }) {
-		e.T.Fatalf("no renewal attempted within 2 TTLs")
-	}
+	e.Require(Eventually(2*ttl, func() bool { return hits.Load() >= 1 }), "no renewal attempted within 2 TTLs")
 	exp := le.Expiry()
-	if !Eventually(ttl, func() bool { return le.Expiry().After(exp) }) {
-		e.T.Fatalf("no renewal succeeded after one transient failure (%v); lease err: %v", transient, le.Err())
-	}
+	e.Require(Eventually(ttl, func() bool { return le.Expiry().After(exp) }), "no renewal succeeded after one transient failure (%v); lease err: %v", transient, le.Err())
 	time.Sleep(ttl / 2)
-	if err := le.Err(); err != nil {
-		e.T.Fatalf("one transient renewal error (%v) lost the lease: %v", transient, err)
-	}
+	e.Must(le.Err(), "one transient renewal error (%v) lost the lease", transient)
 	lcLiveInDatabase(e, l, le)
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
@@ -417,9 +369,7 @@ func h2RenewalRetriesBackOff(e *Env) {
 		}
 	})))
 	le, err := l.TryAcquire(ctx, "h2/backoff", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	seen := func() []time.Time {
 		mu.Lock()
 		defer mu.Unlock()
@@ -429,9 +379,7 @@ func h2RenewalRetriesBackOff(e *Env) {
 	remove := lcRenewalFault(e, faultdb.Rule{Action: faultdb.Fail, Err: lcTransientError(e), Times: failures})
 	defer remove()
 	// Due after TTL/3; eight failures wait 5+10+...+160+300 ms (the cap).
-	if !Eventually(2*ttl, func() bool { return len(seen()) >= failures }) {
-		e.T.Fatalf("%d failed renewals seen within 2 TTLs, want %d", len(seen()), failures)
-	}
+	e.Require(Eventually(2*ttl, func() bool { return len(seen()) >= failures }), "%d failed renewals seen within 2 TTLs, want %d", len(seen()), failures)
 	got := seen()
 	for i := 1; i < failures; i++ {
 		want := min(5*time.Millisecond<<(i-1), ttl/10)
@@ -439,21 +387,15 @@ func h2RenewalRetriesBackOff(e *Env) {
 			e.T.Errorf("retry %d came %v after the failure before it; want at least its backoff %v", i, gap, want)
 		}
 	}
-	if !Eventually(ttl, func() bool { return le.Expiry().After(exp) }) {
-		e.T.Fatalf("no renewal succeeded after %d transient failures; lease err: %v", failures, le.Err())
-	}
-	if err := le.Err(); err != nil {
-		e.T.Fatalf("%d transient renewal failures within the window lost the lease: %v", failures, err)
-	}
+	e.Require(Eventually(ttl, func() bool { return le.Expiry().After(exp) }), "no renewal succeeded after %d transient failures; lease err: %v", failures, le.Err())
+	e.Must(le.Err(), "%d transient renewal failures within the window lost the lease", failures)
 	lcLiveInDatabase(e, l, le)
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
 	// The next operation works: the key is free again.
 	le2, err := l.TryAcquire(ctx, "h2/backoff", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire after the release: %v", err)
-	}
+	e.Must(err, "acquire after the release")
 	if err := le2.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
@@ -489,9 +431,7 @@ func h2OversizedBatchSplit(e *Env) {
 	}()
 	for i := 0; i < leases; i++ {
 		le, err := l.TryAcquire(ctx, fmt.Sprintf("h2/batch/%d", i), lock.Exclusive)
-		if err != nil {
-			e.T.Fatalf("acquire %d: %v", i, err)
-		}
+		e.Must(err, "acquire %d", i)
 		held = append(held, le)
 	}
 	// A lease in a RenewBatch argument is "<32 hex>:<token>" plus JSON
@@ -521,9 +461,7 @@ func h2OversizedBatchSplit(e *Env) {
 		lost, stale := 0, 0
 		for i, le := range held {
 			if err := le.Err(); err != nil {
-				if lost == 0 {
-					e.T.Errorf("lease %s lost: %v", le.Key(), err)
-				}
+				e.Check(lost != 0, "lease %s lost: %v", le.Key(), err)
 				lost++
 				continue
 			}
@@ -531,12 +469,8 @@ func h2OversizedBatchSplit(e *Env) {
 				stale++
 			}
 		}
-		if lost > 0 || stale > 0 {
-			e.T.Errorf("%d of %d leases lost and %d not renewed past their first TTL while renewal statements with more than %d bytes of arguments %s (%d such statements)", lost, leases, stale, maxBytes, what, hits.Load())
-		}
-		if e.Dialect.Statements().RenewBatch != "" && hits.Load() == 0 && fault.Action == faultdb.Hang {
-			e.T.Errorf("no renewal batch was big enough to hang: the case did not exercise the split")
-		}
+		e.Check(lost <= 0 && stale <= 0, "%d of %d leases lost and %d not renewed past their first TTL while renewal statements with more than %d bytes of arguments %s (%d such statements)", lost, leases, stale, maxBytes, what, hits.Load())
+		e.Check(e.Dialect.Statements().RenewBatch == "" || hits.Load() != 0 || fault.Action != faultdb.Hang, "no renewal batch was big enough to hang: the case did not exercise the split")
 		e.T.Logf("%d renewal statements %s for their size", hits.Load(), what)
 		if lost > 0 {
 			return
@@ -554,9 +488,7 @@ func h2PersistentFailureLoses(e *Env) {
 	// The contender has its own pool, out of reach of the faults.
 	contender := e.NewLocker(e.OpenDB(), lock.WithTTL(ttl))
 	le, err := holder.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	transient := lcTransientError(e)
 	t0 := time.Now()
 	endLo := t0.Add(le.Remaining())
@@ -583,12 +515,8 @@ func h2PersistentFailureLoses(e *Env) {
 	defer wg.Wait()
 
 	lostAt := lcWaitDone(le, time.Until(endHi.Add(lcSlack)))
-	if lostAt.IsZero() {
-		e.T.Fatalf("renewals failing with %v: lease not lost %s after the trusted window ended", transient, lcSlack)
-	}
-	if lostAt.Before(endLo) {
-		e.T.Errorf("lease lost %s before its trusted window ended: failures must be retried until then", endLo.Sub(lostAt))
-	}
+	e.Require(!lostAt.IsZero(), "renewals failing with %v: lease not lost %s after the trusted window ended", transient, lcSlack)
+	e.Check(!lostAt.Before(endLo), "lease lost %s before its trusted window ended: failures must be retried until then", endLo.Sub(lostAt))
 	if lost := lcLoss(e, "persistent renewal failure", le.Err(), le); lost != nil && lost.Reason != lock.LossWindowExhausted {
 		e.T.Errorf("loss reason %q, want %q", lost.Reason, lock.LossWindowExhausted)
 	}
@@ -597,9 +525,7 @@ func h2PersistentFailureLoses(e *Env) {
 		e.T.Fatalf("contender: %v", g.err)
 	}
 	defer g.lease.Release(ctx)
-	if !g.holderDone {
-		e.T.Errorf("contender was granted the key while the holder's context was not done yet")
-	}
+	e.Check(g.holderDone, "contender was granted the key while the holder's context was not done yet")
 	if grantedAt, expired := g.lease.Expiry().Add(-ttl), le.Expiry(); grantedAt.Before(expired) {
 		e.T.Errorf("contender granted at %v (database time), before the holder's lease expired at %v", grantedAt, expired)
 	}
@@ -611,27 +537,17 @@ func h2LostReplySettled(e *Env) {
 	l := e.NewLocker(nil, lock.WithTTL(ttl))
 	lcWarm(e, e.DB, 3) // the connection that loses the reply is discarded
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	// The renewal's UPDATE commits, its reply is lost.
 	var hits atomic.Int64
 	lcRenewalFault(e, faultdb.Rule{Action: faultdb.DropReply, Err: io.ErrUnexpectedEOF, Times: 1, Hits: &hits})
-	if !Eventually(2*ttl, func() bool { return hits.Load() >= 1 }) {
-		e.T.Fatalf("no renewal attempted within 2 TTLs")
-	}
+	e.Require(Eventually(2*ttl, func() bool { return hits.Load() >= 1 }), "no renewal attempted within 2 TTLs")
 	exp := le.Expiry()
-	if !Eventually(ttl, func() bool { return le.Expiry().After(exp) }) {
-		e.T.Fatalf("no renewal succeeded after a lost reply; lease err: %v", le.Err())
-	}
+	e.Require(Eventually(ttl, func() bool { return le.Expiry().After(exp) }), "no renewal succeeded after a lost reply; lease err: %v", le.Err())
 	time.Sleep(ttl / 2)
-	if err := le.Err(); err != nil {
-		e.T.Fatalf("a renewal whose reply was lost lost the lease: %v", err)
-	}
+	e.Must(le.Err(), "a renewal whose reply was lost lost the lease")
 	hs := lcHolders(e, l, "k")
-	if len(hs) != 1 || hs[0].LeaseID != le.LeaseID() || hs[0].Token != le.Token() {
-		e.T.Errorf("want exactly our lease (token %d) in the database, got %v", le.Token(), hs)
-	}
+	e.Check(len(hs) == 1 && hs[0].LeaseID == le.LeaseID() && hs[0].Token == le.Token(), "want exactly our lease (token %d) in the database, got %v", le.Token(), hs)
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release of the kept lease: %v", err)
 	}
@@ -680,9 +596,7 @@ func h3DeletedRowSignalsLoss(e *Env) {
 		e.T.Errorf("loss reason %q, want %q", lost.Reason, lock.LossNotOurs)
 	}
 	lcLoss(e, "lease.Err", lease.Err(), lease)
-	if !errors.Is(err, lock.ErrLeaseLost) || !errors.Is(err, errFn) {
-		e.T.Errorf("Do = %v, want ErrLeaseLost joined with the function's error", err)
-	}
+	e.Check(errors.Is(err, lock.ErrLeaseLost) && errors.Is(err, errFn), "Do = %v, want ErrLeaseLost joined with the function's error", err)
 	if r := lease.Remaining(); r != 0 {
 		e.T.Errorf("Remaining after loss = %s, want 0", r)
 	}
@@ -701,20 +615,14 @@ func h4ExitRaceKeepsResult(e *Env) {
 	var fnCause error
 	err := l.Do(ctx, "k", lock.Exclusive, func(fctx context.Context, le *lock.Lease) error {
 		lease = le
-		if !Eventually(2*ttl, func() bool { return hung.Load() >= 1 }) {
-			e.T.Errorf("no renewal started within 2 TTLs")
-		}
+		e.Check(Eventually(2*ttl, func() bool { return hung.Load() >= 1 }), "no renewal started within 2 TTLs")
 		// Return while that renewal is in flight.
 		fnCause = context.Cause(fctx)
 		return nil
 	})
 	close(release)
-	if fnCause != nil {
-		e.T.Fatalf("guarded function's context ended before it returned: %v", fnCause)
-	}
-	if err != nil {
-		e.T.Errorf("Do = %v, want the function's nil: a renewal failing after it returned must not rewrite it", err)
-	}
+	e.Require(fnCause == nil, "guarded function's context ended before it returned: %v", fnCause)
+	e.Check(err == nil, "Do = %v, want the function's nil: a renewal failing after it returned must not rewrite it", err)
 	if hs := lcHolders(e, l, "k"); len(hs) != 0 {
 		e.T.Errorf("lease not released after the function returned: %v", hs)
 	}
@@ -733,14 +641,10 @@ func h5ReleaseWithCancelledContext(e *Env) {
 	l := e.NewLocker(nil, lock.WithTTL(5*time.Second))
 	other := e.NewLocker(nil, lock.WithTTL(5*time.Second))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := le.Release(cancelled); err != nil {
-		e.T.Fatalf("release with a cancelled context: %v", err)
-	}
+	e.Must(le.Release(cancelled), "release with a cancelled context")
 	if hs := lcHolders(e, l, "k"); len(hs) != 0 {
 		e.T.Errorf("release with a cancelled context left rows: %v", hs)
 	}
@@ -755,9 +659,7 @@ func h5ReleaseWithCancelledContext(e *Env) {
 		e.T.Errorf("third release: %v", err)
 	}
 	o, err := other.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("key not free after release: %v", err)
-	}
+	e.Must(err, "key not free after release")
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release after the key was granted again: %v", err)
 	}
@@ -786,29 +688,19 @@ func h5ReleaseHangingBounded(e *Env) {
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithReleaseTimeout(releaseTimeout))
 	other := e.NewLocker(e.OpenDB(), lock.WithTTL(ttl))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	remove := e.Faults.Add(faultdb.Rule{Match: lcRendered(e, "Release", e.Dialect.Statements().Release), Action: faultdb.Hang})
 	start := time.Now()
 	err = le.Release(ctx)
 	took := time.Since(start)
 	remove()
-	if err == nil || errors.Is(err, lock.ErrNotHeld) {
-		e.T.Errorf("release against a hanging database = %v, want its failure", err)
-	}
-	if took > releaseTimeout+lcSlack {
-		e.T.Errorf("release against a hanging database took %s, want about the release timeout %s", took, releaseTimeout)
-	}
-	if le.Err() == nil {
-		e.T.Errorf("lease context still live after release")
-	}
+	e.Check(err != nil && !errors.Is(err, lock.ErrNotHeld), "release against a hanging database = %v, want its failure", err)
+	e.Check(took <= releaseTimeout+lcSlack, "release against a hanging database took %s, want about the release timeout %s", took, releaseTimeout)
+	e.Check(le.Err() != nil, "lease context still live after release")
 	// The row stays and is no longer renewed: it ends by expiry, and a
 	// contender takes the key over then.
 	hs := lcHolders(e, l, "k")
-	if len(hs) != 1 || hs[0].LeaseID != le.LeaseID() {
-		e.T.Fatalf("after a failed release want our row still in the database, got %v", hs)
-	}
+	e.Require(len(hs) == 1 && hs[0].LeaseID == le.LeaseID(), "after a failed release want our row still in the database, got %v", hs)
 	c, err := other.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(ttl+2*lcSlack))
 	if err != nil {
 		e.T.Fatalf("row did not end by expiry: %v (holders %v)", err, lcHolders(e, l, "k"))
@@ -834,14 +726,10 @@ func h5ReleaseAfterTakeover(e *Env) {
 	a := e.NewLocker(nil, lock.WithTTL(ttl))
 	b := e.NewLocker(nil, lock.WithTTL(ttl))
 	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	la.Orphan()
 	lb, err := b.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(2*ttl+lcSlack))
-	if err != nil {
-		e.T.Fatalf("takeover: %v", err)
-	}
+	e.Must(err, "takeover")
 	if err := la.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		e.T.Errorf("release of a lease taken over = %v, want ErrNotHeld", err)
 	}
@@ -849,9 +737,7 @@ func h5ReleaseAfterTakeover(e *Env) {
 		e.T.Errorf("second release of a lease taken over = %v, want ErrNotHeld again (idempotent)", err)
 	}
 	hs := lcHolders(e, a, "k")
-	if len(hs) != 1 || hs[0].LeaseID != lb.LeaseID() || hs[0].Token != lb.Token() {
-		e.T.Fatalf("stale release touched the successor: want only token %d, got %v", lb.Token(), hs)
-	}
+	e.Require(len(hs) == 1 && hs[0].LeaseID == lb.LeaseID() && hs[0].Token == lb.Token(), "stale release touched the successor: want only token %d, got %v", lb.Token(), hs)
 	if err := lb.Renew(ctx); err != nil {
 		e.T.Errorf("successor cannot renew after a stale release: %v", err)
 	}
@@ -881,9 +767,7 @@ func h6CancelWhileAcquiring(e *Env) {
 		defer cancel()
 		var wg sync.WaitGroup
 		e.Go(&wg, func() {
-			if !Eventually(5*time.Second, func() bool { return hits.Load() >= 1 }) {
-				e.T.Errorf("acquire statement never reached the database")
-			}
+			e.Check(Eventually(5*time.Second, func() bool { return hits.Load() >= 1 }), "acquire statement never reached the database")
 			time.Sleep(cancelAfter)
 			cancel()
 		})
@@ -893,20 +777,14 @@ func h6CancelWhileAcquiring(e *Env) {
 			e.T.Errorf("acquire with a cancelled context returned a lease (token %d)", le.Token())
 			_ = le.Release(ctx)
 		}
-		if !errors.Is(err, context.Canceled) {
-			e.T.Errorf("acquire cancelled while in flight = %v, want the context's error", err)
-		}
+		e.Check(errors.Is(err, context.Canceled), "acquire cancelled while in flight = %v, want the context's error", err)
 	}
 
 	// The token of a grant just before, to see that the cancelled grant
 	// did commit (SPEC S3: tokens of a key strictly increase).
 	first, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	if err := first.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
+	e.Must(err, "acquire")
+	e.Must(first.Release(ctx), "release")
 	// A grant that commits after the caller gave up is released before
 	// the error is returned.
 	cancelDuring(func(c context.Context) (*lock.Lease, error) { return l.TryAcquire(c, "k", lock.Exclusive) })
@@ -914,9 +792,7 @@ func h6CancelWhileAcquiring(e *Env) {
 		e.T.Errorf("cancelled acquire left rows: %v", hs)
 	}
 	o, err := other.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("key not free after a cancelled acquire: %v", err)
-	}
+	e.Must(err, "key not free after a cancelled acquire")
 	if o.Token() < first.Token()+2 {
 		// Legitimate (the engine may abort the statement instead), but
 		// then this run did not see a grant commit after the cancel.
@@ -931,17 +807,13 @@ func h6CancelWhileAcquiring(e *Env) {
 	// marker behind.
 	cancelDuring(func(c context.Context) (*lock.Lease, error) { return l.Acquire(c, "k", lock.Exclusive) })
 	hs := lcHolders(e, l, "")
-	if len(hs) != 1 || hs[0].LeaseID != o.LeaseID() {
-		e.T.Errorf("cancelled waiter left rows: want only the holder's lease, got %v", hs)
-	}
+	e.Check(len(hs) == 1 && hs[0].LeaseID == o.LeaseID(), "cancelled waiter left rows: want only the holder's lease, got %v", hs)
 	if err := o.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
 	// Nothing blocks readers now.
 	s, err := other.TryAcquire(ctx, "k", lock.Shared)
-	if err != nil {
-		e.T.Fatalf("shared after the cancelled waiter: %v", err)
-	}
+	e.Must(err, "shared after the cancelled waiter")
 	_ = s.Release(ctx)
 }
 
@@ -960,16 +832,12 @@ func h6DoneContextTakesNothing(e *Env) {
 	if err := l.Do(done, "k", lock.Shared, func(context.Context, *lock.Lease) error { called = true; return nil }); !errors.Is(err, context.Canceled) {
 		e.T.Errorf("Do with a done context = %v, want the context's error", err)
 	}
-	if called {
-		e.T.Errorf("Do ran its function with a done context")
-	}
+	e.Check(!called, "Do ran its function with a done context")
 	if hs := lcHolders(e, l, ""); len(hs) != 0 {
 		e.T.Errorf("a done context took something: %v", hs)
 	}
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire after refused ones: %v", err)
-	}
+	e.Must(err, "acquire after refused ones")
 	_ = le.Release(ctx)
 }
 
@@ -981,30 +849,20 @@ func h7NotStarvedByFullPool(e *Env) {
 	lcWarm(e, renewDB, 2)
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewDB(renewDB))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	// The application takes the only connection of its pool and keeps it.
 	conn, err := e.DB.Conn(ctx)
-	if err != nil {
-		e.T.Fatalf("conn: %v", err)
-	}
+	e.Must(err, "conn")
 	defer conn.Close()
 	var one int
-	if err := conn.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
-		e.T.Fatalf("query on the held connection: %v", err)
-	}
+	e.Must(conn.QueryRowContext(ctx, "SELECT 1").Scan(&one), "query on the held connection")
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	err = e.DB.QueryRowContext(short, "SELECT 1").Scan(&one)
 	cancel()
-	if err == nil {
-		e.T.Fatalf("scenario not exercised: the application pool is not exhausted")
-	}
+	e.Require(err != nil, "scenario not exercised: the application pool is not exhausted")
 	exp := le.Expiry()
 	time.Sleep(3 * ttl)
-	if err := le.Err(); err != nil {
-		e.T.Fatalf("lease lost while the application pool was full: %v", err)
-	}
+	e.Must(le.Err(), "lease lost while the application pool was full")
 	if moved := le.Expiry().Sub(exp); moved < ttl {
 		e.T.Errorf("expiry moved only %s in 3 TTLs: renewals starved", moved)
 	}
@@ -1021,27 +879,19 @@ func h7HangingRenewalAbandoned(e *Env) {
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewTimeout(renewTimeout))
 	lcWarm(e, e.DB, 3)
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	// One renewal hangs forever (until its own timeout ends it).
 	var hits atomic.Int64
 	lcRenewalFault(e, faultdb.Rule{Action: faultdb.Hang, Times: 1, Hits: &hits})
-	if !Eventually(2*ttl, func() bool { return hits.Load() >= 1 }) {
-		e.T.Fatalf("no renewal attempted within 2 TTLs")
-	}
+	e.Require(Eventually(2*ttl, func() bool { return hits.Load() >= 1 }), "no renewal attempted within 2 TTLs")
 	hungAt := time.Now()
 	exp := le.Expiry()
-	if !Eventually(ttl, func() bool { return le.Expiry().After(exp) }) {
-		e.T.Fatalf("a hanging renewal was not abandoned and retried; lease err: %v", le.Err())
-	}
+	e.Require(Eventually(ttl, func() bool { return le.Expiry().After(exp) }), "a hanging renewal was not abandoned and retried; lease err: %v", le.Err())
 	if d := time.Since(hungAt); d > renewTimeout+lcSlack {
 		e.T.Errorf("renewal retried %s after it hung, want about the renew timeout %s", d, renewTimeout)
 	}
 	time.Sleep(ttl / 2)
-	if err := le.Err(); err != nil {
-		e.T.Fatalf("lease lost after one hanging renewal: %v", err)
-	}
+	e.Must(le.Err(), "lease lost after one hanging renewal")
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
@@ -1071,18 +921,12 @@ func w2BackoffSchedule(e *Env) {
 			lo, hi = min(lo, d), max(hi, d)
 		}
 		mean := sum / draws
-		if hi > ceil {
-			e.T.Errorf("attempt %d: draw %s above min(cap, %s·2^n) = %s", attempt, hi, lock.MinBackoff, ceil)
-		}
+		e.Check(hi <= ceil, "attempt %d: draw %s above min(cap, %s·2^n) = %s", attempt, hi, lock.MinBackoff, ceil)
 		if ceil > lock.MinBackoff {
 			spread := ceil - lock.MinBackoff
-			if hi < ceil-spread/4 || lo > lock.MinBackoff+spread/4 {
-				e.T.Errorf("attempt %d: draws span [%s, %s], want full jitter over [%s, %s]", attempt, lo, hi, lock.MinBackoff, ceil)
-			}
+			e.Check(hi >= ceil-spread/4 && lo <= lock.MinBackoff+spread/4, "attempt %d: draws span [%s, %s], want full jitter over [%s, %s]", attempt, lo, hi, lock.MinBackoff, ceil)
 		}
-		if ceil < limit && attempt > 0 && mean <= prevMean {
-			e.T.Errorf("attempt %d: mean wait %s did not grow from %s", attempt, mean, prevMean)
-		}
+		e.Check(ceil >= limit || attempt <= 0 || mean > prevMean, "attempt %d: mean wait %s did not grow from %s", attempt, mean, prevMean)
 		prevMean = mean
 	}
 }
@@ -1094,9 +938,7 @@ func w2PollIntervalCapped(e *Env) {
 	holder := e.NewLocker(nil, lock.WithTTL(10*time.Second))
 	waiter := e.NewLocker(nil, lock.WithTTL(waiterTTL), lock.WithMaxBackoff(time.Hour))
 	h, err := holder.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	defer h.Release(ctx)
 	// A poll is the dialect's read-only Probe, when it has one and the
 	// poll writes nothing, or the Acquire script. It starts with its first
@@ -1154,9 +996,7 @@ func w2PollIntervalCapped(e *Env) {
 		_, err := waiter.Acquire(ctx, "k", lock.Shared, lock.WaitTimeout(1500*time.Millisecond))
 		close(stop)
 		wg.Wait()
-		if !errors.Is(err, lock.ErrLocked) {
-			e.T.Fatalf("waiter = %v, want ErrLocked after its wait timeout", err)
-		}
+		e.Require(errors.Is(err, lock.ErrLocked), "waiter = %v, want ErrLocked after its wait timeout", err)
 		return gaps, polls, lateness
 	}
 	for try := 1; try <= 3; try++ {
@@ -1169,9 +1009,7 @@ func w2PollIntervalCapped(e *Env) {
 		for _, g := range gaps {
 			longest = max(longest, g)
 		}
-		if longest > waiterTTL+lcSlack/2 {
-			e.T.Errorf("longest wait between polls %s, want at most min(cap, TTL) = %s plus a statement (gaps %v)", longest, waiterTTL, gaps)
-		}
+		e.Check(longest <= waiterTTL+lcSlack/2, "longest wait between polls %s, want at most min(cap, TTL) = %s plus a statement (gaps %v)", longest, waiterTTL, gaps)
 		e.T.Logf("%d polls in the wait; longest gap %s", polls, longest)
 		return
 	}
@@ -1184,9 +1022,7 @@ func w2CrashedHolderTakeover(e *Env) {
 	a := e.NewLocker(nil, lock.WithTTL(ttl))
 	b := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithMaxBackoff(maxBackoff))
 	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	type res struct {
 		lease *lock.Lease
 		err   error
@@ -1200,16 +1036,14 @@ func w2CrashedHolderTakeover(e *Env) {
 	})
 	defer wg.Wait()
 	// Crash only once the contender is blocked (its marker is visible).
-	if !Eventually(5*time.Second, func() bool {
+	e.Require(Eventually(5*time.Second, func() bool {
 		for _, h := range lcHolders(e, a, "k") {
 			if h.Mode == lock.PendingWriter {
 				return true
 			}
 		}
 		return false
-	}) {
-		e.T.Fatalf("contender never started waiting")
-	}
+	}), "contender never started waiting")
 	crashed := time.Now()
 	la.Orphan()
 	r := <-got
@@ -1223,9 +1057,7 @@ func w2CrashedHolderTakeover(e *Env) {
 	// In database time: granted after the crashed lease expired, and
 	// within one backoff step (plus a poll) of that.
 	expired, granted := la.Expiry(), r.lease.Expiry().Add(-ttl)
-	if granted.Before(expired) {
-		e.T.Errorf("takeover granted at %v, before the crashed lease expired at %v", granted, expired)
-	}
+	e.Check(!granted.Before(expired), "takeover granted at %v, before the crashed lease expired at %v", granted, expired)
 	if d := granted.Sub(expired); d > maxBackoff+lcSlack {
 		e.T.Errorf("takeover granted %s after the crashed lease expired, want within one backoff step %s", d, maxBackoff)
 	}
@@ -1236,40 +1068,22 @@ func w3TryReportsHolders(e *Env) {
 	a := e.NewLocker(nil, lock.WithTTL(10*time.Second), lock.WithOwner("holder-a"))
 	b := e.NewLocker(nil, lock.WithTTL(10*time.Second), lock.WithOwner("contender-b"))
 	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	defer la.Release(ctx)
 	for _, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		start := time.Now()
 		lb, err := b.TryAcquire(ctx, "k", m)
 		took := time.Since(start)
-		if lb != nil {
-			e.T.Fatalf("try %s granted a held key", m)
-		}
+		e.Require(lb == nil, "try %s granted a held key", m)
 		var le *lock.LockedError
-		if !errors.Is(err, lock.ErrLocked) || !errors.As(err, &le) {
-			e.T.Fatalf("try %s on a held key = %v, want *LockedError matching ErrLocked", m, err)
-		}
-		if took > time.Second {
-			e.T.Errorf("try %s took %s: it must not wait", m, took)
-		}
-		if le.Key != "k" || le.Mode != m || le.Waited != 0 {
-			e.T.Errorf("try %s: LockedError{Key: %q, Mode: %s, Waited: %s}, want key \"k\", the requested mode, no wait", m, le.Key, le.Mode, le.Waited)
-		}
-		if len(le.Holders) != 1 {
-			e.T.Fatalf("try %s: want the one holder, got %v", m, le.Holders)
-		}
+		e.Require(errors.Is(err, lock.ErrLocked) && errors.As(err, &le), "try %s on a held key = %v, want *LockedError matching ErrLocked", m, err)
+		e.Check(took <= time.Second, "try %s took %s: it must not wait", m, took)
+		e.Check(le.Key == "k" && le.Mode == m && le.Waited == 0, "try %s: LockedError{Key: %q, Mode: %s, Waited: %s}, want key \"k\", the requested mode, no wait", m, le.Key, le.Mode, le.Waited)
+		e.Require(len(le.Holders) == 1, "try %s: want the one holder, got %v", m, le.Holders)
 		h := le.Holders[0]
-		if h.Mode != lock.Exclusive || h.Owner != "holder-a" || h.Token != la.Token() || h.LeaseID != la.LeaseID() || h.Key != "k" {
-			e.T.Errorf("try %s: holder %v, want exclusive owner \"holder-a\" token %d lease %q", m, h, la.Token(), la.LeaseID())
-		}
-		if !h.Expiry.Equal(la.Expiry()) {
-			e.T.Errorf("try %s: holder expiry %v, want the lease's %v", m, h.Expiry, la.Expiry())
-		}
-		if !strings.Contains(err.Error(), "holder-a") {
-			e.T.Errorf("try %s: message %q does not name the holder", m, err)
-		}
+		e.Check(h.Mode == lock.Exclusive && h.Owner == "holder-a" && h.Token == la.Token() && h.LeaseID == la.LeaseID() && h.Key == "k", "try %s: holder %v, want exclusive owner \"holder-a\" token %d lease %q", m, h, la.Token(), la.LeaseID())
+		e.Check(h.Expiry.Equal(la.Expiry()), "try %s: holder expiry %v, want the lease's %v", m, h.Expiry, la.Expiry())
+		e.Check(strings.Contains(err.Error(), "holder-a"), "try %s: message %q does not name the holder", m, err)
 	}
 	// A try never leaves a pending-writer marker.
 	if hs := lcHolders(e, a, "k"); len(hs) != 1 {
@@ -1282,35 +1096,23 @@ func w3WaitTimeout(e *Env) {
 	a := e.NewLocker(nil, lock.WithTTL(10*time.Second), lock.WithOwner("holder-a"))
 	b := e.NewLocker(nil, lock.WithTTL(10*time.Second))
 	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	defer la.Release(ctx)
 	const wait = 300 * time.Millisecond
 	for _, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		start := time.Now()
 		lb, err := b.Acquire(ctx, "k", m, lock.WaitTimeout(wait))
 		took := time.Since(start)
-		if lb != nil {
-			e.T.Fatalf("%s wait granted a held key", m)
-		}
+		e.Require(lb == nil, "%s wait granted a held key", m)
 		var le *lock.LockedError
-		if !errors.Is(err, lock.ErrLocked) || !errors.As(err, &le) {
-			e.T.Fatalf("%s wait on a held key = %v, want *LockedError matching ErrLocked", m, err)
-		}
-		if took < wait || took > wait+lcSlack {
-			e.T.Errorf("%s wait returned after %s, want about the wait timeout %s", m, took, wait)
-		}
-		if le.Waited < wait-5*time.Millisecond || le.Waited > took {
-			e.T.Errorf("%s wait: LockedError.Waited = %s, want about %s", m, le.Waited, wait)
-		}
+		e.Require(errors.Is(err, lock.ErrLocked) && errors.As(err, &le), "%s wait on a held key = %v, want *LockedError matching ErrLocked", m, err)
+		e.Check(took >= wait && took <= wait+lcSlack, "%s wait returned after %s, want about the wait timeout %s", m, took, wait)
+		e.Check(le.Waited >= wait-5*time.Millisecond && le.Waited <= took, "%s wait: LockedError.Waited = %s, want about %s", m, le.Waited, wait)
 		found := false
 		for _, h := range le.Holders {
 			found = found || (h.LeaseID == la.LeaseID() && h.Owner == "holder-a")
 		}
-		if !found {
-			e.T.Errorf("%s wait: LockedError holders %v do not name the holder", m, le.Holders)
-		}
+		e.Check(found, "%s wait: LockedError holders %v do not name the holder", m, le.Holders)
 		// The waiter gave up: its marker is gone.
 		if hs := lcHolders(e, a, "k"); len(hs) != 1 || hs[0].LeaseID != la.LeaseID() {
 			e.T.Errorf("%s waiter that timed out left rows: %v", m, hs)
@@ -1331,24 +1133,16 @@ func w3NegativeWaitTimeout(e *Env) {
 	l := e.NewLocker(nil)
 	_, err := l.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(-1500*time.Millisecond))
 	var ie *lock.InputError
-	if !errors.Is(err, lock.ErrInvalidInput) || !errors.As(err, &ie) {
-		e.T.Fatalf("negative wait timeout = %v, want *InputError matching ErrInvalidInput", err)
-	}
-	if !strings.Contains(err.Error(), "-1.5s") {
-		e.T.Errorf("error %q does not name the value -1.5s", err)
-	}
+	e.Require(errors.Is(err, lock.ErrInvalidInput) && errors.As(err, &ie), "negative wait timeout = %v, want *InputError matching ErrInvalidInput", err)
+	e.Check(strings.Contains(err.Error(), "-1.5s"), "error %q does not name the value -1.5s", err)
 	called := false
 	err = l.Do(ctx, "k", lock.Exclusive, func(context.Context, *lock.Lease) error { called = true; return nil }, lock.WaitTimeout(-time.Nanosecond))
-	if !errors.Is(err, lock.ErrInvalidInput) || called {
-		e.T.Errorf("Do with a negative wait timeout = %v (function called: %v), want ErrInvalidInput", err, called)
-	}
+	e.Check(errors.Is(err, lock.ErrInvalidInput) && !called, "Do with a negative wait timeout = %v (function called: %v), want ErrInvalidInput", err, called)
 	if hs := lcHolders(e, l, ""); len(hs) != 0 {
 		e.T.Errorf("rejected input changed the database: %v", hs)
 	}
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire after rejected input: %v", err)
-	}
+	e.Must(err, "acquire after rejected input")
 	_ = le.Release(ctx)
 }
 
@@ -1357,9 +1151,7 @@ func w3BoundedByContext(e *Env) {
 	a := e.NewLocker(nil, lock.WithTTL(10*time.Second))
 	b := e.NewLocker(nil, lock.WithTTL(10*time.Second))
 	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	defer la.Release(ctx)
 	const bound = 300 * time.Millisecond
 	// By deadline.
@@ -1368,12 +1160,8 @@ func w3BoundedByContext(e *Env) {
 	lb, err := b.Acquire(dctx, "k", lock.Exclusive)
 	took := time.Since(start)
 	cancel()
-	if lb != nil || !errors.Is(err, context.DeadlineExceeded) {
-		e.T.Errorf("blocking acquire past its context deadline = %v, want the context's error", err)
-	}
-	if took > bound+lcSlack {
-		e.T.Errorf("blocking acquire returned %s after start, want about its context's %s", took, bound)
-	}
+	e.Check(lb == nil && errors.Is(err, context.DeadlineExceeded), "blocking acquire past its context deadline = %v, want the context's error", err)
+	e.Check(took <= bound+lcSlack, "blocking acquire returned %s after start, want about its context's %s", took, bound)
 	// By cancellation, with a longer wait timeout.
 	cctx, cancel := context.WithCancel(ctx)
 	time.AfterFunc(bound, cancel)
@@ -1381,12 +1169,8 @@ func w3BoundedByContext(e *Env) {
 	lb, err = b.Acquire(cctx, "k", lock.Shared, lock.WaitTimeout(time.Minute))
 	took = time.Since(start)
 	cancel()
-	if lb != nil || !errors.Is(err, context.Canceled) {
-		e.T.Errorf("blocking acquire whose context was cancelled = %v, want context.Canceled", err)
-	}
-	if took > bound+lcSlack {
-		e.T.Errorf("blocking acquire returned %s after start, cancelled at %s", took, bound)
-	}
+	e.Check(lb == nil && errors.Is(err, context.Canceled), "blocking acquire whose context was cancelled = %v, want context.Canceled", err)
+	e.Check(took <= bound+lcSlack, "blocking acquire returned %s after start, cancelled at %s", took, bound)
 	if hs := lcHolders(e, a, "k"); len(hs) != 1 || hs[0].LeaseID != la.LeaseID() {
 		e.T.Errorf("waiters that gave up left rows: %v", hs)
 	}
@@ -1400,9 +1184,7 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 	ctx := e.Ctx()
 	const ttl = time.Second
 	l, err := e.TryNewLocker(nil, lock.WithTTL(ttl), lock.WithMaxBackoff(50*time.Millisecond))
-	if err != nil {
-		e.T.Fatalf("new locker: %v", err)
-	}
+	e.Must(err, "new locker")
 	other := e.NewLocker(nil, lock.WithTTL(ttl))
 	keys := []string{"x", "s"}
 	fifo := dialect.CapabilitiesOf(e.Dialect).Has(dialect.CapFIFO)
@@ -1412,9 +1194,7 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 	var held []*lock.Lease
 	for _, k := range keys {
 		le, err := other.TryAcquire(ctx, k, lock.Exclusive)
-		if err != nil {
-			e.T.Fatalf("acquire %q: %v", k, err)
-		}
+		e.Must(err, "acquire %q", k)
 		held = append(held, le)
 	}
 	type result struct {
@@ -1472,9 +1252,7 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 				e.T.Errorf("acquire %q on a closing Locker returned a lease (token %d)", r.key, r.le.Token())
 				_ = r.le.Release(ctx)
 			}
-			if !errors.Is(r.err, lock.ErrClosed) {
-				e.T.Errorf("acquire %q waiting during Close = %v, want ErrClosed", r.key, r.err)
-			}
+			e.Check(errors.Is(r.err, lock.ErrClosed), "acquire %q waiting during Close = %v, want ErrClosed", r.key, r.err)
 		case <-time.After(time.Second):
 			e.T.Errorf("Close returned while an acquire was still waiting")
 			for _, le := range held {
@@ -1493,15 +1271,11 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 	}
 	wg.Wait()
 	for _, h := range lcHolders(e, other, "") {
-		if h.Mode == lock.PendingWriter || h.Mode == lock.Queued {
-			e.T.Errorf("closed Locker's waiter left a row behind: %+v", h)
-		}
+		e.Check(h.Mode != lock.PendingWriter && h.Mode != lock.Queued, "closed Locker's waiter left a row behind: %+v", h)
 	}
 	// The holder lets go: nothing is granted to the closed Locker.
 	for _, le := range held {
-		if err := le.Release(ctx); err != nil {
-			e.T.Fatalf("release: %v", err)
-		}
+		e.Must(le.Release(ctx), "release")
 	}
 	time.Sleep(300 * time.Millisecond)
 	if hs := lcHolders(e, other, ""); len(hs) != 0 {

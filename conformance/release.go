@@ -26,14 +26,10 @@ func init() {
 func (e *Env) faultPool(max int) *sql.DB {
 	e.T.Helper()
 	raw, err := sql.Open(e.Config.DriverName, e.DSN)
-	if err != nil {
-		e.T.Fatalf("open %s: %v", e.Config.DriverName, err)
-	}
+	e.Must(err, "open %s", e.Config.DriverName)
 	conn, err := faultdb.DSNConnector(raw.Driver(), e.DSN)
 	_ = raw.Close()
-	if err != nil {
-		e.T.Fatalf("connector: %v", err)
-	}
+	e.Must(err, "connector")
 	db := sql.OpenDB(e.Faults.Connector(conn))
 	db.SetMaxOpenConns(max)
 	db.SetMaxIdleConns(max)
@@ -48,27 +44,19 @@ func h8TransientReleaseErrorsRetried(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithTTL(2*time.Second))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	release := lcRendered(e, "Release", e.Dialect.Statements().Release)
 	// Only a retry can succeed: the first four attempts fail.
 	remove := e.Faults.Add(faultdb.Rule{Match: release, Action: faultdb.Fail, Err: lcTransientError(e), Times: 4})
 	err = le.Release(ctx)
 	remove()
-	if err != nil {
-		e.T.Fatalf("release with 4 transient failures = %v, want retried to success", err)
-	}
+	e.Require(err == nil, "release with 4 transient failures = %v, want retried to success", err)
 	if hs := lcHolders(e, l, "k"); len(hs) != 0 {
 		e.T.Errorf("rows left after a retried release: %v", hs)
 	}
-	if !errors.Is(context.Cause(le.Context()), lock.ErrReleased) {
-		e.T.Errorf("lease context cause %v, want ErrReleased", context.Cause(le.Context()))
-	}
+	e.Check(errors.Is(context.Cause(le.Context()), lock.ErrReleased), "lease context cause %v, want ErrReleased", context.Cause(le.Context()))
 	again, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("re-acquire from the same locker after the release: %v", err)
-	}
+	e.Must(err, "re-acquire from the same locker after the release")
 	if err := again.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
@@ -83,36 +71,24 @@ func h8FailedReleaseThenReacquire(e *Env) {
 	const ttl, releaseTimeout = 900 * time.Millisecond, 300 * time.Millisecond
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithReleaseTimeout(releaseTimeout))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	release := lcRendered(e, "Release", e.Dialect.Statements().Release)
 	remove := e.Faults.Add(faultdb.Rule{Match: release, Action: faultdb.Fail, Err: lcTransientError(e)})
 	start := time.Now()
 	err = le.Release(ctx)
 	took := time.Since(start)
-	if err == nil || errors.Is(err, lock.ErrNotHeld) {
-		e.T.Errorf("release failing until its deadline = %v, want the failure", err)
-	}
-	if took > releaseTimeout+lcSlack {
-		e.T.Errorf("failing release took %s, want about the release timeout %s", took, releaseTimeout)
-	}
-	if le.Err() == nil {
-		e.T.Errorf("lease context still live after a failed release")
-	}
+	e.Check(err != nil && !errors.Is(err, lock.ErrNotHeld), "release failing until its deadline = %v, want the failure", err)
+	e.Check(took <= releaseTimeout+lcSlack, "failing release took %s, want about the release timeout %s", took, releaseTimeout)
+	e.Check(le.Err() != nil, "lease context still live after a failed release")
 	// The same Locker waits for the row to expire and gets the key: no
 	// ErrReentrant, and within one TTL of the release.
 	again, err := l.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(ttl+lcSlack))
 	remove()
-	if err != nil {
-		e.T.Fatalf("re-acquire from the same locker after a failed release: %v", err)
-	}
+	e.Must(err, "re-acquire from the same locker after a failed release")
 	if d := time.Since(start); d > ttl+2*lcSlack {
 		e.T.Errorf("re-acquired %s after the failed release, want within one TTL (%s)", d, ttl)
 	}
-	if again.Token() <= le.Token() {
-		e.T.Errorf("re-acquired token %d not above %d", again.Token(), le.Token())
-	}
+	e.Check(again.Token() > le.Token(), "re-acquired token %d not above %d", again.Token(), le.Token())
 	if err := again.Release(ctx); err != nil {
 		e.T.Errorf("release after re-acquire: %v", err)
 	}
@@ -131,17 +107,11 @@ func h8NoRenewalAfterRelease(e *Env) {
 	renewDB := e.faultPool(1)
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewDB(renewDB))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	conn, err := renewDB.Conn(ctx)
-	if err != nil {
-		e.T.Fatalf("take the renew pool's connection: %v", err)
-	}
+	e.Must(err, "take the renew pool's connection")
 	var one int
-	if err := conn.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
-		e.T.Fatalf("query on the held connection: %v", err)
-	}
+	e.Must(conn.QueryRowContext(ctx, "SELECT 1").Scan(&one), "query on the held connection")
 	renewals := func() int {
 		n := 0
 		for _, text := range lcRenewalSQL(e) {
@@ -151,9 +121,7 @@ func h8NoRenewalAfterRelease(e *Env) {
 	}
 	before := renewals()
 	time.Sleep(ttl/3 + ttl/10) // the renewal is due and waits for the connection
-	if err := le.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
+	e.Must(le.Release(ctx), "release")
 	released := renewals()
 	_ = conn.Close() // the renewer gets the connection now
 	time.Sleep(ttl / 2)
@@ -161,9 +129,7 @@ func h8NoRenewalAfterRelease(e *Env) {
 	if before != released {
 		e.T.Logf("a renewal was sent before Release returned (%d statements)", released-before)
 	}
-	if after != released {
-		e.T.Errorf("%d renewal statements reached the database after Release returned", after-released)
-	}
+	e.Check(after == released, "%d renewal statements reached the database after Release returned", after-released)
 	if err := renewDB.PingContext(ctx); err != nil {
 		e.T.Errorf("renew pool unusable afterwards: %v", err)
 	}
@@ -182,25 +148,19 @@ func h8ReleaseOfGoneLeaseMarksLost(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithTTL(3*time.Second))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	holders := e.Namespace.Object(e.Dialect, "holders")
 	if _, err := e.DB.ExecContext(ctx, "DELETE FROM "+holders+" WHERE lease_id = "+e.Dialect.Placeholder(1), le.LeaseID()); err != nil {
 		e.T.Fatalf("delete lease row: %v", err)
 	}
 	err = le.Release(ctx)
-	if !errors.Is(err, lock.ErrNotHeld) {
-		e.T.Errorf("release of a deleted lease = %v, want ErrNotHeld", err)
-	}
+	e.Check(errors.Is(err, lock.ErrNotHeld), "release of a deleted lease = %v, want ErrNotHeld", err)
 	lcLoss(e, "lease.Err after release found the row gone", le.Err(), le)
 	lcLoss(e, "context cause", context.Cause(le.Context()), le)
 	if err := le.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		e.T.Errorf("second release = %v, want ErrNotHeld again (idempotent)", err)
 	}
 	again, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("re-acquire: %v", err)
-	}
+	e.Must(err, "re-acquire")
 	_ = again.Release(ctx)
 }

@@ -22,26 +22,16 @@ func s1ExclusiveExcludesAll(e *Env) {
 	ctx := e.Ctx()
 	a, b := e.NewLocker(nil), e.NewLocker(nil)
 	x, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("first exclusive: %v", err)
-	}
+	e.Must(err, "first exclusive")
 	for _, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		_, err := b.TryAcquire(ctx, "k", m)
 		var le *lock.LockedError
-		if !errors.As(err, &le) || !errors.Is(err, lock.ErrLocked) {
-			e.T.Fatalf("%s while exclusive held: want *LockedError matching ErrLocked, got %v", m, err)
-		}
-		if len(le.Holders) != 1 || le.Holders[0].Token != x.Token() || le.Holders[0].Mode != lock.Exclusive || le.Holders[0].Owner != a.Owner() {
-			e.T.Errorf("%s: conflict should name the holder (token %d, owner %q), got %+v", m, x.Token(), a.Owner(), le.Holders)
-		}
+		e.Require(errors.As(err, &le) && errors.Is(err, lock.ErrLocked), "%s while exclusive held: want *LockedError matching ErrLocked, got %v", m, err)
+		e.Check(len(le.Holders) == 1 && le.Holders[0].Token == x.Token() && le.Holders[0].Mode == lock.Exclusive && le.Holders[0].Owner == a.Owner(), "%s: conflict should name the holder (token %d, owner %q), got %+v", m, x.Token(), a.Owner(), le.Holders)
 	}
-	if err := x.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
+	e.Must(x.Release(ctx), "release")
 	y, err := b.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("exclusive after release: %v", err)
-	}
+	e.Must(err, "exclusive after release")
 	_ = y.Release(ctx)
 }
 
@@ -51,17 +41,13 @@ func s1SharedCoexist(e *Env) {
 	for i := 0; i < 3; i++ {
 		l := e.NewLocker(nil)
 		s, err := l.TryAcquire(ctx, "k", lock.Shared)
-		if err != nil {
-			e.T.Fatalf("shared %d: %v", i, err)
-		}
+		e.Must(err, "shared %d", i)
 		shared = append(shared, s)
 	}
 	w := e.NewLocker(nil)
 	_, err := w.TryAcquire(ctx, "k", lock.Exclusive)
 	var le *lock.LockedError
-	if !errors.As(err, &le) || len(le.Holders) != 3 {
-		e.T.Fatalf("exclusive while 3 shared held: want LockedError with 3 holders, got %v", err)
-	}
+	e.Require(errors.As(err, &le) && len(le.Holders) == 3, "exclusive while 3 shared held: want LockedError with 3 holders, got %v", err)
 	for _, s := range shared[:2] {
 		_ = s.Release(ctx)
 	}
@@ -70,9 +56,7 @@ func s1SharedCoexist(e *Env) {
 	}
 	_ = shared[2].Release(ctx)
 	x, err := w.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("exclusive after all shared released: %v", err)
-	}
+	e.Must(err, "exclusive after all shared released")
 	_ = x.Release(ctx)
 }
 
@@ -83,9 +67,7 @@ func s3TokensIncrease(e *Env) {
 	var last int64
 	check := func(what string, le *lock.Lease) {
 		e.T.Helper()
-		if le.Token() <= last {
-			e.T.Fatalf("%s: token %d not greater than previous %d", what, le.Token(), last)
-		}
+		e.Require(le.Token() > last, "%s: token %d not greater than previous %d", what, le.Token(), last)
 		last = le.Token()
 	}
 	for i := 0; i < 5; i++ {
@@ -94,36 +76,26 @@ func s3TokensIncrease(e *Env) {
 			m = lock.Shared
 		}
 		le, err := l.TryAcquire(ctx, "k", m)
-		if err != nil {
-			e.T.Fatalf("acquire %d: %v", i, err)
-		}
+		e.Must(err, "acquire %d", i)
 		check(fmt.Sprintf("after release #%d (%s)", i, m), le)
 		_ = le.Release(ctx)
 	}
 	// Concurrent shared grants: all distinct and increasing in grant order.
 	s1, err := l.TryAcquire(ctx, "k", lock.Shared)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	check("shared 1", s1)
 	s2, err := other.TryAcquire(ctx, "k", lock.Shared)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	check("shared 2", s2)
 	_ = s1.Release(ctx)
 	_ = s2.Release(ctx)
 	// Across expiry and takeover.
 	x, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	check("before expiry", x)
 	x.Orphan()
 	y, err := other.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(5*time.Second))
-	if err != nil {
-		e.T.Fatalf("takeover: %v", err)
-	}
+	e.Must(err, "takeover")
 	check("after takeover", y)
 	_ = y.Release(ctx)
 	// Across a sweep: every row of the key is gone (SPEC D2).
@@ -134,9 +106,7 @@ func s3TokensIncrease(e *Env) {
 		e.T.Fatalf("rows left after release and sweep: %d, %v", n, err)
 	}
 	z, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	check("after sweep", z)
 	// Concurrently on several keys: tokens per key strictly increase.
 	var mu sync.Mutex
@@ -178,26 +148,14 @@ func s3TokenStable(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithTTL(time.Second))
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	tok, exp := le.Token(), le.Expiry()
 	time.Sleep(1500 * time.Millisecond) // past one TTL: renewed at least once
-	if err := le.Err(); err != nil {
-		e.T.Fatalf("lease ended: %v", err)
-	}
-	if err := le.Renew(ctx); err != nil {
-		e.T.Fatalf("renew: %v", err)
-	}
-	if !le.Expiry().After(exp) {
-		e.T.Errorf("expiry did not move: %v then %v", exp, le.Expiry())
-	}
+	e.Must(le.Err(), "lease ended")
+	e.Must(le.Renew(ctx), "renew")
+	e.Check(le.Expiry().After(exp), "expiry did not move: %v then %v", exp, le.Expiry())
 	hs, _, err := l.Holders(ctx, "k")
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
-	if len(hs) != 1 || hs[0].Token != tok || le.Token() != tok {
-		e.T.Errorf("token changed under renewal: was %d, handle %d, database %+v", tok, le.Token(), hs)
-	}
+	e.Must(err, "")
+	e.Check(len(hs) == 1 && hs[0].Token == tok && le.Token() == tok, "token changed under renewal: was %d, handle %d, database %+v", tok, le.Token(), hs)
 	_ = le.Release(ctx)
 }

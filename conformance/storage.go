@@ -45,9 +45,7 @@ func init() {
 func stgHolders(e *Env, l *lock.Locker, key string) []lock.Holder {
 	e.T.Helper()
 	hs, _, err := l.Holders(e.Ctx(), key)
-	if err != nil {
-		e.T.Fatalf("holders %q: %v", key, err)
-	}
+	e.Must(err, "holders %q", key)
 	var out []lock.Holder
 	for _, h := range hs {
 		if h.Key == key {
@@ -65,13 +63,9 @@ func stgExec(e *Env, q string, args ...any) int64 {
 		q = strings.ReplaceAll(q, "$"+strconv.Itoa(i), e.Dialect.Placeholder(i))
 	}
 	res, err := e.DB.ExecContext(e.Ctx(), q, args...)
-	if err != nil {
-		e.T.Fatalf("%s: %v", q, err)
-	}
+	e.Must(err, "%s", q)
 	n, err := res.RowsAffected()
-	if err != nil {
-		e.T.Fatalf("%s: %v", q, err)
-	}
+	e.Must(err, "%s", q)
 	return n
 }
 
@@ -89,21 +83,15 @@ func stgFencedWrite(e *Env, le *lock.Lease, note string) error {
 func stgWrites(e *Env) []string {
 	e.T.Helper()
 	rows, err := e.DB.QueryContext(e.Ctx(), "SELECT note FROM "+e.Table("s4_writes"))
-	if err != nil {
-		e.T.Fatalf("read writes: %v", err)
-	}
+	e.Must(err, "read writes")
 	defer rows.Close()
 	var out []string
 	for rows.Next() {
 		var s string
-		if err := rows.Scan(&s); err != nil {
-			e.T.Fatalf("read writes: %v", err)
-		}
+		e.Must(rows.Scan(&s), "read writes")
 		out = append(out, s)
 	}
-	if err := rows.Err(); err != nil {
-		e.T.Fatalf("read writes: %v", err)
-	}
+	e.Must(rows.Err(), "read writes")
 	return out
 }
 
@@ -112,9 +100,7 @@ func stgWrites(e *Env) []string {
 func stgCheckSuccessor(e *Env, l *lock.Locker, succ *lock.Lease, what string) {
 	e.T.Helper()
 	hs := stgHolders(e, l, succ.Key())
-	if len(hs) != 1 || hs[0].LeaseID != succ.LeaseID() || hs[0].Token != succ.Token() {
-		e.T.Errorf("%s: the successor lease (token %d) should be the only holder of %q, the database has %v", what, succ.Token(), succ.Key(), hs)
-	}
+	e.Check(len(hs) == 1 && hs[0].LeaseID == succ.LeaseID() && hs[0].Token == succ.Token(), "%s: the successor lease (token %d) should be the only holder of %q, the database has %v", what, succ.Token(), succ.Key(), hs)
 	if err := succ.Err(); err != nil {
 		e.T.Errorf("%s: the successor lease ended: %v", what, err)
 	}
@@ -131,9 +117,7 @@ func stgLost(e *Env, what string, le *lock.Lease, err error) {
 		e.T.Errorf("%s: want a *LeaseLostError matching ErrLeaseLost, got %v", what, err)
 		return
 	}
-	if lle.LeaseID != le.LeaseID() || lle.Token != le.Token() || lle.Key != le.Key() {
-		e.T.Errorf("%s: the error names lease %q token %d key %q, want %q token %d key %q", what, lle.LeaseID, lle.Token, lle.Key, le.LeaseID(), le.Token(), le.Key())
-	}
+	e.Check(lle.LeaseID == le.LeaseID() && lle.Token == le.Token() && lle.Key == le.Key(), "%s: the error names lease %q token %d key %q, want %q token %d key %q", what, lle.LeaseID, lle.Token, lle.Key, le.LeaseID(), le.Token(), le.Key())
 }
 
 // stgCreateWrites creates the case table "s4_writes".
@@ -155,23 +139,15 @@ func s4StaleHandleAfterTakeover(e *Env) {
 	for _, mode := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		key := "s4/takeover/" + mode.String()
 		stale, err := a.TryAcquire(ctx, key, mode)
-		if err != nil {
-			e.T.Fatalf("acquire: %v", err)
-		}
+		e.Must(err, "acquire")
 		stale.Orphan()
 		succ, err := b.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
-		if err != nil {
-			e.T.Fatalf("takeover: %v", err)
-		}
-		if succ.Token() <= stale.Token() {
-			e.T.Errorf("successor token %d not greater than %d", succ.Token(), stale.Token())
-		}
+		e.Must(err, "takeover")
+		e.Check(succ.Token() > stale.Token(), "successor token %d not greater than %d", succ.Token(), stale.Token())
 		stgLost(e, "renew of the stale handle", stale, stale.Renew(ctx))
 		stgLost(e, "fenced write of the stale handle", stale, stgFencedWrite(e, stale, "stale "+mode.String()))
 		err = stale.Release(ctx)
-		if !errors.Is(err, lock.ErrNotHeld) {
-			e.T.Errorf("release of the stale handle: want ErrNotHeld, got %v", err)
-		}
+		e.Check(errors.Is(err, lock.ErrNotHeld), "release of the stale handle: want ErrNotHeld, got %v", err)
 		stgCheckSuccessor(e, b, succ, "after the stale handle acted")
 		if err := stgFencedWrite(e, succ, "successor "+mode.String()); err != nil {
 			e.T.Errorf("fenced write of the successor: %v", err)
@@ -182,9 +158,7 @@ func s4StaleHandleAfterTakeover(e *Env) {
 	}
 	w := stgWrites(e)
 	slices.Sort(w)
-	if !slices.Equal(w, []string{"successor exclusive", "successor shared"}) {
-		e.T.Errorf("only the successors' writes should have committed, the table holds %q", w)
-	}
+	e.Check(slices.Equal(w, []string{"successor exclusive", "successor shared"}), "only the successors' writes should have committed, the table holds %q", w)
 }
 
 // s4StaleHandleAfterRowDeleted: a handle whose trusted window is still open
@@ -205,16 +179,12 @@ func s4StaleHandleAfterRowDeleted(e *Env) {
 		for _, mode := range []lock.Mode{lock.Exclusive, lock.Shared} {
 			key := "s4/deleted/" + op + "/" + mode.String()
 			stale, err := a.TryAcquire(ctx, key, mode)
-			if err != nil {
-				e.T.Fatalf("acquire: %v", err)
-			}
+			e.Must(err, "acquire")
 			if n := stgExec(e, "DELETE FROM "+holders+" WHERE lease_id = $1", stale.LeaseID()); n != 1 {
 				e.T.Fatalf("delete the stale lease's row: %d rows", n)
 			}
 			succ, err := b.TryAcquire(ctx, key, mode)
-			if err != nil {
-				e.T.Fatalf("successor: %v", err)
-			}
+			e.Must(err, "successor")
 			if stale.Err() != nil || stale.Remaining() <= 0 {
 				e.T.Fatalf("the stale handle should still trust its lease locally: %v", stale.Err())
 			}
@@ -222,9 +192,7 @@ func s4StaleHandleAfterRowDeleted(e *Env) {
 			switch op {
 			case "renew":
 				stgLost(e, what, stale, stale.Renew(ctx))
-				if !errors.Is(stale.Err(), lock.ErrLeaseLost) {
-					e.T.Errorf("%s: the handle's context should end with ErrLeaseLost, got %v", what, stale.Err())
-				}
+				e.Check(errors.Is(stale.Err(), lock.ErrLeaseLost), "%s: the handle's context should end with ErrLeaseLost, got %v", what, stale.Err())
 			case "fence":
 				stgLost(e, what, stale, stgFencedWrite(e, stale, what))
 			case "release":
@@ -256,9 +224,7 @@ func s4SameLeaseIDOtherToken(e *Env) {
 	for _, op := range []string{"renew", "fence", "release"} {
 		key := "s4/token/" + op
 		le, err := l.TryAcquire(ctx, key, lock.Exclusive)
-		if err != nil {
-			e.T.Fatalf("acquire: %v", err)
-		}
+		e.Must(err, "acquire")
 		other := le.Token() + 1_000_000
 		if n := stgExec(e, "UPDATE "+holders+" SET token = $1 WHERE lease_id = $2", other, le.LeaseID()); n != 1 {
 			e.T.Fatalf("update token: %d rows", n)
@@ -275,9 +241,7 @@ func s4SameLeaseIDOtherToken(e *Env) {
 			}
 		}
 		hs := stgHolders(e, l, key)
-		if len(hs) != 1 || hs[0].LeaseID != le.LeaseID() || hs[0].Token != other || !hs[0].Expiry.Equal(le.Expiry()) {
-			e.T.Errorf("%s: the row (lease %s, token %d, expiry %s) should be untouched, the database has %v", what, le.LeaseID(), other, le.Expiry(), hs)
-		}
+		e.Check(len(hs) == 1 && hs[0].LeaseID == le.LeaseID() && hs[0].Token == other && hs[0].Expiry.Equal(le.Expiry()), "%s: the row (lease %s, token %d, expiry %s) should be untouched, the database has %v", what, le.LeaseID(), other, le.Expiry(), hs)
 	}
 	if w := stgWrites(e); len(w) != 0 {
 		e.T.Errorf("no fenced write may commit, the table holds %q", w)
@@ -296,14 +260,10 @@ func s5OtherKeyHeldNeverBlocks(e *Env) {
 	waiter := e.NewLocker(nil, lock.WithMaxBackoff(20*time.Millisecond))
 	other := e.NewLocker(nil)
 	x, err := holder.TryAcquire(ctx, "s5/b", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	defer x.Release(ctx)
 	s, err := reader.TryAcquire(ctx, "s5/c", lock.Shared)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	defer s.Release(ctx)
 	// A writer waits for s5/c, keeping a pending-writer marker on it.
 	var wg sync.WaitGroup
@@ -317,16 +277,14 @@ func s5OtherKeyHeldNeverBlocks(e *Env) {
 			_ = le.Release(ctx)
 		}
 	})
-	if !Eventually(5*time.Second, func() bool {
+	e.Require(Eventually(5*time.Second, func() bool {
 		for _, h := range stgHolders(e, other, "s5/c") {
 			if h.Mode == lock.PendingWriter {
 				return true
 			}
 		}
 		return false
-	}) {
-		e.T.Fatalf("the waiting writer left no marker on s5/c")
-	}
+	}), "the waiting writer left no marker on s5/c")
 	for _, key := range []string{"s5/a", "s5/b2", "s5/c2", "s5/", "s5", "s5/B", "s5/c/"} {
 		for _, mode := range []lock.Mode{lock.Exclusive, lock.Shared} {
 			le, err := other.TryAcquire(ctx, key, mode)
@@ -361,26 +319,18 @@ func s5OtherKeyTransactionDoesNotDelay(e *Env) {
 	b := e.NewLocker(nil, lock.WithTTL(5*time.Second))
 	la := e.NewLocker(nil, lock.WithTTL(5*time.Second))
 	lb, err := a.TryAcquire(ctx, "s5/B", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	tx, err := e.OpenDB().BeginTx(ctx, nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
+	e.Must(err, "begin")
 	defer tx.Rollback()
-	if err := lb.Fence(ctx, tx); err != nil {
-		e.T.Fatalf("fence B: %v", err)
-	}
+	e.Must(lb.Fence(ctx, tx), "fence B")
 	stopBusy := keepBusy(ctx, tx) // open longer than the TTL: busy, as a live holder's
 	defer stopBusy()
 	lb.Orphan()
-	if !Eventually(5*time.Second, func() bool {
+	e.Require(Eventually(5*time.Second, func() bool {
 		hs, now, err := b.Holders(ctx, "s5/B")
 		return err == nil && len(hs) == 1 && !hs[0].Expiry.After(now)
-	}) {
-		e.T.Fatalf("B's orphaned lease did not expire")
-	}
+	}), "B's orphaned lease did not expire")
 	// Once B's lease expired, a takeover of B waits for the fenced
 	// transaction while holding whatever serializes B's grants.
 	var wg sync.WaitGroup
@@ -404,9 +354,7 @@ func s5OtherKeyTransactionDoesNotDelay(e *Env) {
 		if d := time.Since(t0); d > bound {
 			slow = append(slow, fmt.Sprintf("%s took %s", what, d.Round(time.Millisecond)))
 		}
-		if err != nil {
-			e.T.Errorf("%s: %v", what, err)
-		}
+		e.Check(err == nil, "%s: %v", what, err)
 	}
 	rounds := 0
 	for time.Since(opened) < hold-300*time.Millisecond {
@@ -435,15 +383,11 @@ func s5OtherKeyTransactionDoesNotDelay(e *Env) {
 	}
 	time.Sleep(time.Until(opened.Add(hold)))
 	stopBusy()
-	if err := tx.Rollback(); err != nil {
-		e.T.Fatalf("rollback: %v", err)
-	}
+	e.Must(tx.Rollback(), "rollback")
 	if err := <-takeover; err != nil {
 		e.T.Errorf("takeover of B after its fenced transaction ended: %v", err)
 	}
-	if !stillWaiting {
-		e.T.Errorf("the takeover of B did not wait for the fenced transaction on B (SPEC F1); the case could not hold B's per-key lock")
-	}
+	e.Check(stillWaiting, "the takeover of B did not wait for the fenced transaction on B (SPEC F1); the case could not hold B's per-key lock")
 	e.T.Logf("%d rounds of operations on A while B's transactions stayed open", rounds)
 	for _, s := range slow {
 		e.T.Errorf("operation on key A was delayed while only transactions on other keys ran (SPEC S5): %s (bound %s)", s, bound)
@@ -496,20 +440,12 @@ func stgCheckMigrated(e *Env, ns dialect.Namespace) {
 	e.T.Helper()
 	ctx := e.Ctx()
 	cur, want, err := migrate.Version(ctx, e.DB, e.Dialect, migrate.WithNamespace(ns))
-	if err != nil || want < 1 || cur != want {
-		e.T.Errorf("version of %+v: current %d want %d, %v", ns, cur, want, err)
-	}
+	e.Check(err == nil && want >= 1 && cur == want, "version of %+v: current %d want %d, %v", ns, cur, want, err)
 	st, err := migrate.Status(ctx, e.DB, e.Dialect, migrate.WithNamespace(ns))
-	if err != nil {
-		e.T.Fatalf("status: %v", err)
-	}
-	if len(st) == 0 {
-		e.T.Errorf("status lists no migration")
-	}
+	e.Must(err, "status")
+	e.Check(len(st) != 0, "status lists no migration")
 	for _, s := range st {
-		if !s.Applied || s.Version < 1 || !strings.HasSuffix(s.Name, ".sql") {
-			e.T.Errorf("status: %+v, want an applied .sql migration", s)
-		}
+		e.Check(s.Applied && s.Version >= 1 && strings.HasSuffix(s.Name, ".sql"), "status: %+v, want an applied .sql migration", s)
 	}
 	if !stgTableExists(e, ns, "db_version") {
 		e.T.Errorf("version table %s does not exist", ns.Object(e.Dialect, "db_version"))
@@ -536,14 +472,10 @@ func d1MigrateUpIsIdempotent(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil)
 	le, err := l.TryAcquire(ctx, "d1/k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	for i := 0; i < 3; i++ {
 		applied, err := migrate.Up(ctx, e.DB, e.Dialect, migrate.WithNamespace(e.Namespace))
-		if err != nil || len(applied) != 0 {
-			e.T.Errorf("migrate.Up #%d on a migrated namespace: applied %q, %v; want nothing, nil", i+2, applied, err)
-		}
+		e.Check(err == nil && len(applied) == 0, "migrate.Up #%d on a migrated namespace: applied %q, %v; want nothing, nil", i+2, applied, err)
 	}
 	stgCheckMigrated(e, e.Namespace)
 	if hs := stgHolders(e, l, "d1/k"); len(hs) != 1 || hs[0].Token != le.Token() {
@@ -586,13 +518,9 @@ func d1UnmigratedLocker(e *Env) {
 	if !errors.Is(err, lock.ErrSchemaNotMigrated) || !errors.As(err, &se) {
 		e.T.Fatalf("lock.New on an unmigrated namespace: want *SchemaError matching ErrSchemaNotMigrated, got %v", err)
 	}
-	if se.Current != 0 || se.Want < 1 || se.Table != ns.VersionTable() || !strings.HasSuffix(se.Table, "d1_db_version") {
-		e.T.Errorf("schema error: %+v; want current 0, want >= 1, table %q", se, ns.VersionTable())
-	}
+	e.Check(se.Current == 0 && se.Want >= 1 && se.Table == ns.VersionTable() && strings.HasSuffix(se.Table, "d1_db_version"), "schema error: %+v; want current 0, want >= 1, table %q", se, ns.VersionTable())
 	for _, s := range []string{"migrate.Up", "sqlease migrate", ns.VersionTable()} {
-		if !strings.Contains(err.Error(), s) {
-			e.T.Errorf("schema error %q should mention %q", err, s)
-		}
+		e.Check(strings.Contains(err.Error(), s), "schema error %q should mention %q", err, s)
 	}
 	for _, name := range []string{"db_version", "holders"} {
 		if stgTableExists(e, ns, name) {
@@ -622,9 +550,7 @@ func d1ConcurrentMigrate(e *Env) {
 	ctx := e.Ctx()
 	// Everyone migrates at once, on a namespace nothing has touched yet.
 	ns := dialect.Namespace{Schema: e.Namespace.Schema, Prefix: "d1race_"}
-	if stgTableExists(e, ns, "db_version") {
-		e.T.Fatalf("the namespace should be empty")
-	}
+	e.Require(!stgTableExists(e, ns, "db_version"), "the namespace should be empty")
 	at := time.Now().Add(1500 * time.Millisecond)
 	wait := SpawnChildren(e, 2, StressSpec{
 		Role: stgMigrateRole, Extra: map[string]string{"at": strconv.FormatInt(at.UnixNano(), 10)},
@@ -639,9 +565,7 @@ func d1ConcurrentMigrate(e *Env) {
 		e.Go(&wg, func() {
 			time.Sleep(time.Until(at))
 			names, err := migrate.Up(ctx, db, e.Dialect, migrate.WithNamespace(ns))
-			if err != nil {
-				e.T.Errorf("concurrent migrate.Up #%d: %v", i, err)
-			}
+			e.Check(err == nil, "concurrent migrate.Up #%d: %v", i, err)
 			mu.Lock()
 			applied = append(applied, names...)
 			mu.Unlock()
@@ -666,13 +590,9 @@ func d1ConcurrentMigrate(e *Env) {
 
 	// The new namespace works, independently of the case's namespace.
 	l, err := stgNewLockerIn(e, ns)
-	if err != nil {
-		e.T.Fatalf("lock.New after migrating: %v", err)
-	}
+	e.Must(err, "lock.New after migrating")
 	le, err := l.TryAcquire(ctx, "d1/k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire in the new namespace: %v", err)
-	}
+	e.Must(err, "acquire in the new namespace")
 	if _, err := e.NewLocker(nil).TryAcquire(ctx, "d1/k", lock.Exclusive); err != nil {
 		e.T.Errorf("the same key in another namespace should be independent: %v", err)
 	}
@@ -687,9 +607,7 @@ func d1ConcurrentMigrate(e *Env) {
 func stgRowCount(e *Env, l *lock.Locker) int64 {
 	e.T.Helper()
 	n, err := l.RowCount(e.Ctx())
-	if err != nil {
-		e.T.Fatalf("row count: %v", err)
-	}
+	e.Must(err, "row count")
 	return n
 }
 
@@ -778,9 +696,7 @@ func d2ChurnLeavesNoRows(e *Env) {
 			continue
 		}
 		le, err := l.TryAcquire(ctx, fmt.Sprintf("d2/churn/%d", i), lock.Exclusive)
-		if err != nil {
-			e.T.Fatalf("re-acquire: %v", err)
-		}
+		e.Must(err, "re-acquire")
 		if le.Token() <= tokens[i] {
 			e.T.Errorf("key d2/churn/%d re-acquired after its rows were deleted got token %d, not greater than %d", i, le.Token(), tokens[i])
 		}
@@ -824,9 +740,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 	l := e.NewLocker(nil)
 	// A live lease and a live marker the sweeps must leave alone.
 	live, err := l.TryAcquire(ctx, "d2/live", lock.Shared)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	wctx, stopWaiter := context.WithCancel(ctx)
 	var wwg sync.WaitGroup
 	waiter := e.NewLocker(nil, lock.WithPendingWriterTTL(2*time.Second), lock.WithMaxBackoff(200*time.Millisecond))
@@ -844,7 +758,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 
 	// Wait until every orphaned lease expired in database time.
 	var hs []lock.Holder
-	if !Eventually(10*time.Second, func() bool {
+	e.Require(Eventually(10*time.Second, func() bool {
 		var now time.Time
 		hs, now, err = l.Holders(ctx, "d2/exp/")
 		if err != nil {
@@ -856,44 +770,28 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 			}
 		}
 		return true
-	}) {
-		e.T.Fatalf("orphaned leases did not expire")
-	}
-	if len(hs) != n {
-		e.T.Fatalf("%d expired leases listed, want %d", len(hs), n)
-	}
+	}), "orphaned leases did not expire")
+	e.Require(len(hs) == n, "%d expired leases listed, want %d", len(hs), n)
 	rows := stgRowCount(e, l)
 	var total int64
 	calls := 0
 	start := time.Now()
 	for {
 		removed, err := l.Sweep(ctx, limit)
-		if err != nil {
-			e.T.Fatalf("sweep: %v", err)
-		}
+		e.Must(err, "sweep")
 		calls++
-		if removed > int64(limit) {
-			e.T.Errorf("sweep #%d removed %d holder rows, more than its limit %d", calls, removed, limit)
-		}
+		e.Check(removed <= int64(limit), "sweep #%d removed %d holder rows, more than its limit %d", calls, removed, limit)
 		left := len(stgHoldersPrefix(e, l, "d2/exp/"))
-		if int64(n)-total-removed != int64(left) {
-			e.T.Errorf("sweep #%d reported %d rows removed, but the listing went from %d to %d", calls, removed, int64(n)-total, left)
-		}
+		e.Check(int64(n)-total-removed == int64(left), "sweep #%d reported %d rows removed, but the listing went from %d to %d", calls, removed, int64(n)-total, left)
 		total += removed
 		if removed == 0 {
 			break
 		}
-		if calls > 2*n/limit+10 {
-			e.T.Fatalf("sweep does not converge: %d calls, %d removed", calls, total)
-		}
+		e.Require(calls <= 2*n/limit+10, "sweep does not converge: %d calls, %d removed", calls, total)
 	}
 	e.T.Logf("%d expired leases (%d rows) swept in %d calls of limit %d in %s", n, rows, calls, limit, time.Since(start).Round(time.Millisecond))
-	if total != int64(n) {
-		e.T.Errorf("sweeps removed %d holder rows, want %d", total, n)
-	}
-	if calls < n/limit {
-		e.T.Errorf("%d rows swept in %d calls of limit %d", total, calls, limit)
-	}
+	e.Check(total == int64(n), "sweeps removed %d holder rows, want %d", total, n)
+	e.Check(calls >= n/limit, "%d rows swept in %d calls of limit %d", total, calls, limit)
 	got := stgHolders(e, l, "d2/live")
 	if len(got) != 2 || live.Err() != nil {
 		e.T.Errorf("the live lease and the live marker must survive the sweeps; the database has %v, lease %v", got, live.Err())
@@ -921,9 +819,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 	}
 	for _, i := range []int{0, n - 1} {
 		le, err := l.TryAcquire(ctx, fmt.Sprintf("d2/exp/%d", i), lock.Exclusive)
-		if err != nil {
-			e.T.Fatalf("re-acquire: %v", err)
-		}
+		e.Must(err, "re-acquire")
 		if le.Token() <= tokens[i] {
 			e.T.Errorf("key d2/exp/%d re-acquired after its rows were swept got token %d, not greater than %d", i, le.Token(), tokens[i])
 		}
@@ -934,9 +830,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 func stgHoldersPrefix(e *Env, l *lock.Locker, prefix string) []lock.Holder {
 	e.T.Helper()
 	hs, _, err := l.Holders(e.Ctx(), prefix)
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
+	e.Must(err, "holders")
 	return hs
 }
 
@@ -985,9 +879,7 @@ func d2SweepSparesLiveLeasesAndMarkers(e *Env) {
 	junk := e.NewLocker(nil, lock.WithTTL(lock.MinTTL), lock.WithLogger(discard))
 
 	r, err := reader.TryAcquire(ctx, "d2/m", lock.Shared)
-	if err != nil {
-		e.T.Fatalf("%v", err)
-	}
+	e.Must(err, "")
 	var wg sync.WaitGroup
 	stopJunk := make(chan struct{})
 	e.Go(&wg, func() {
@@ -1012,9 +904,7 @@ func d2SweepSparesLiveLeasesAndMarkers(e *Env) {
 	granted := make(chan *lock.Lease, 1)
 	e.Go(&wg, func() {
 		le, err := writer.Acquire(ctx, "d2/m", lock.Exclusive, lock.WaitTimeout(20*time.Second))
-		if err != nil {
-			e.T.Errorf("writer: %v", err)
-		}
+		e.Check(err == nil, "writer: %v", err)
 		granted <- le
 	})
 	if !Eventually(5*time.Second, func() bool { return len(stgHolders(e, probe, "d2/m")) == 2 }) {
@@ -1060,9 +950,7 @@ func d2SweepSparesLiveLeasesAndMarkers(e *Env) {
 		}
 	}
 	e.T.Logf("%d probes refused; sweepers removed %d expired rows meanwhile", probes, swept)
-	if swept == 0 {
-		e.T.Errorf("the sweepers removed nothing; the case did not exercise them")
-	}
+	e.Check(swept != 0, "the sweepers removed nothing; the case did not exercise them")
 }
 
 // d2SweepDuringStress: workers contend for a few keys, holding leases long
@@ -1072,9 +960,7 @@ func d2SweepSparesLiveLeasesAndMarkers(e *Env) {
 func d2SweepDuringStress(e *Env) {
 	ctx := e.Ctx()
 	table := e.Table("grants")
-	if err := CreateLogTable(ctx, e.DB, table); err != nil {
-		e.T.Fatalf("create log: %v", err)
-	}
+	e.Must(CreateLogTable(ctx, e.DB, table), "create log")
 	insert := fmt.Sprintf(`INSERT INTO %s (lock_key, token, mode, acquired_us, released_us, worker) VALUES (%s, %s, %s, %s, %s, %s)`,
 		table, e.Dialect.Placeholder(1), e.Dialect.Placeholder(2), e.Dialect.Placeholder(3), e.Dialect.Placeholder(4), e.Dialect.Placeholder(5), e.Dialect.Placeholder(6))
 	dur := 4 * time.Second
@@ -1184,9 +1070,7 @@ func d2SweepDuringStress(e *Env) {
 				err = le.Release(ctx)
 				if took := time.Since(t0); took < trusted {
 					strict.Add(1)
-					if err != nil {
-						e.T.Errorf("%s: release of %q token %d within its trusted window (%s left, took %s): %v (swept while live?)", name, key, le.Token(), trusted, took, err)
-					}
+					e.Check(err == nil, "%s: release of %q token %d within its trusted window (%s left, took %s): %v (swept while live?)", name, key, le.Token(), trusted, took, err)
 				} else if err != nil && !errors.Is(err, lock.ErrNotHeld) {
 					e.T.Errorf("release: %v", err)
 				}
@@ -1198,17 +1082,11 @@ func d2SweepDuringStress(e *Env) {
 	swept := stopSweep1() + stopSweep2()
 	sweepers.Wait()
 	log, err := ReadLog(ctx, e.DB, table)
-	if err != nil {
-		e.T.Fatalf("read log: %v", err)
-	}
+	e.Must(err, "read log")
 	took := time.Since(deadline.Add(-dur)).Round(time.Millisecond)
 	e.T.Logf("%d grants (%d checked strictly), %d crashed holders, %d rows swept, %d log entries in %s", grants.Load(), strict.Load(), crashes.Load(), swept, len(log), took)
-	if grants.Load() < minGrants || crashes.Load() == 0 {
-		e.T.Errorf("the stress did not stress: %d grants, %d crashes in %s (want >= %d grants and a crash)", grants.Load(), crashes.Load(), took, minGrants)
-	}
-	if swept == 0 {
-		e.T.Errorf("the sweepers removed nothing")
-	}
+	e.Check(grants.Load() >= minGrants && crashes.Load() != 0, "the stress did not stress: %d grants, %d crashes in %s (want >= %d grants and a crash)", grants.Load(), crashes.Load(), took, minGrants)
+	e.Check(swept != 0, "the sweepers removed nothing")
 	for _, line := range CheckLog(log) {
 		e.T.Errorf("%s", line)
 	}

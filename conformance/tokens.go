@@ -31,16 +31,9 @@ func s7TokenAtLeastClock(e *Env) {
 	for i, m := range []lock.Mode{lock.Exclusive, lock.Shared, lock.Exclusive} {
 		before := dbNow()
 		le, err := l.TryAcquire(ctx, "s7/k", m)
-		if err != nil {
-			e.T.Fatalf("grant %d (%s): %v", i, m, err)
-		}
+		e.Must(err, "grant %d (%s)", i, m)
 		floor := before.Add(-clkResolution).UnixMicro()
-		if le.Token() < floor {
-			e.T.Errorf("grant %d (%s): token %d is below the database clock before the grant, %s = %d µs since the epoch: a server that lost grants could reissue it (SPEC S7)",
-				i, m, le.Token(), before.UTC().Format(time.RFC3339Nano), before.UnixMicro())
-		}
-		if err := le.Release(ctx); err != nil {
-			e.T.Fatalf("release %d: %v", i, err)
-		}
+		e.Check(le.Token() >= floor, "grant %d (%s): token %d is below the database clock before the grant, %s = %d µs since the epoch: a server that lost grants could reissue it (SPEC S7)", i, m, le.Token(), before.UTC().Format(time.RFC3339Nano), before.UnixMicro())
+		e.Must(le.Release(ctx), "release %d", i)
 	}
 }

@@ -22,13 +22,9 @@ func d1DropLeavesNothing(e *Env) {
 	ctx := e.Ctx()
 	opt := migrate.WithNamespace(e.Namespace)
 	st, err := migrate.Status(ctx, e.DB, e.Dialect, opt)
-	if err != nil {
-		e.T.Fatalf("migrate status: %v", err)
-	}
+	e.Must(err, "migrate status")
 	l, err := e.TryNewLocker(nil)
-	if err != nil {
-		e.T.Fatalf("new locker: %v", err)
-	}
+	e.Must(err, "new locker")
 	if _, err := l.TryAcquire(ctx, "d1/drop", lock.Exclusive); err != nil {
 		e.T.Fatalf("acquire: %v", err)
 	}
@@ -36,12 +32,8 @@ func d1DropLeavesNothing(e *Env) {
 	l.Close(ctx)
 
 	reverted, err := migrate.Drop(ctx, e.DB, e.Dialect, opt)
-	if err != nil {
-		e.T.Fatalf("drop: %v", err)
-	}
-	if len(reverted) != len(st) || (len(st) > 0 && reverted[0] != st[len(st)-1].Name) {
-		e.T.Errorf("drop reverted %v; want all %d migrations, newest first", reverted, len(st))
-	}
+	e.Must(err, "drop")
+	e.Check(len(reverted) == len(st) && (len(st) <= 0 || reverted[0] == st[len(st)-1].Name), "drop reverted %v; want all %d migrations, newest first", reverted, len(st))
 	for _, name := range migrate.DropTables(e.Dialect) {
 		obj := e.Namespace.Object(e.Dialect, name)
 		rows, err := e.DB.QueryContext(ctx, "SELECT 1 FROM "+obj+" WHERE 1 = 0")
@@ -60,14 +52,10 @@ func d1DropLeavesNothing(e *Env) {
 	}
 
 	applied, err := migrate.Up(ctx, e.DB, e.Dialect, opt)
-	if err != nil || len(applied) != len(st) {
-		e.T.Fatalf("up after drop = %v, %v; want all %d migrations", applied, err, len(st))
-	}
+	e.Require(err == nil && len(applied) == len(st), "up after drop = %v, %v; want all %d migrations", applied, err, len(st))
 	l2 := e.NewLocker(nil)
 	le, err := l2.TryAcquire(ctx, "d1/drop", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire after drop and up: %v (the dropped lease is still there?)", err)
-	}
+	e.Require(err == nil, "acquire after drop and up: %v (the dropped lease is still there?)", err)
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
