@@ -387,6 +387,15 @@ func (e *Env) Go(wg *sync.WaitGroup, f func()) {
 	}()
 }
 
+// holders returns the lease rows of the keys starting with prefix (all
+// modes, live or not), failing the case on error.
+func holders(e *Env, l *lock.Locker, prefix string) []lock.Holder {
+	e.T.Helper()
+	hs, _, err := l.Holders(e.Ctx(), prefix)
+	e.Must(err, "holders %q", prefix)
+	return hs
+}
+
 // Eventually polls cond every 5ms until it is true or timeout passes.
 func Eventually(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)

@@ -112,16 +112,31 @@ func (g guardedTable) incIn(lease *lock.Lease, called *bool) func(context.Contex
 	}
 }
 
-// wantLost fails the case unless err is a *LeaseLostError for lease.
-func wantLost(e *Env, what string, err error, lease *lock.Lease) *lock.LeaseLostError {
+// wantLost fails the case unless err reports the loss of le (nil: of any
+// lease): a *LeaseLostError matching ErrLeaseLost, not a plain
+// cancellation, naming le's lease ID, token and key. It returns the error,
+// or nil when err is no such error.
+func wantLost(e *Env, what string, err error, le *lock.Lease) *lock.LeaseLostError {
 	e.T.Helper()
-	var lle *lock.LeaseLostError
-	if !errors.Is(err, lock.ErrLeaseLost) || !errors.As(err, &lle) {
-		e.T.Errorf("%s: want *LeaseLostError matching ErrLeaseLost, got %v", what, err)
+	var lost *lock.LeaseLostError
+	switch {
+	case err == nil:
+		e.T.Errorf("%s: no loss reported", what)
+		return nil
+	case err == context.Canceled || err == context.DeadlineExceeded || errors.Is(err, context.Canceled):
+		// (A loss may wrap the last renewal's statement timeout.)
+		e.T.Errorf("%s: loss reported as a plain cancellation: %v", what, err)
+	case !errors.Is(err, lock.ErrLeaseLost):
+		e.T.Errorf("%s: want an error matching ErrLeaseLost, got %v", what, err)
+	}
+	if !errors.As(err, &lost) {
+		e.T.Errorf("%s: want a *LeaseLostError, got %T: %v", what, err, err)
 		return nil
 	}
-	e.Check(lle.Token == lease.Token() && lle.LeaseID == lease.LeaseID(), "%s: LeaseLostError names token %d lease %q, want %d %q", what, lle.Token, lle.LeaseID, lease.Token(), lease.LeaseID())
-	return lle
+	if le != nil && (lost.LeaseID != le.LeaseID() || lost.Token != le.Token() || lost.Key != le.Key()) {
+		e.T.Errorf("%s: loss names lease %q token %d key %q, want %q token %d key %q", what, lost.LeaseID, lost.Token, lost.Key, le.LeaseID(), le.Token(), le.Key())
+	}
+	return lost
 }
 
 // fenceManually begins a transaction, fences it with lease and returns the

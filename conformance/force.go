@@ -61,7 +61,7 @@ func h3ForceRelease(e *Env) {
 		e.T.Fatalf("holder's context not ended %s after its lease was force-released", frTTL/3+lcSlack)
 	}
 	e.T.Logf("holder told %s after the forced release", lost.Sub(deleted).Round(time.Millisecond))
-	if lle := lcLoss(e, "holder's context cause", context.Cause(x.Context()), x); lle != nil && lle.Reason != lock.LossNotOurs {
+	if lle := wantLost(e, "holder's context cause", context.Cause(x.Context()), x); lle != nil && lle.Reason != lock.LossNotOurs {
 		e.T.Errorf("loss reason %q, want %q", lle.Reason, lock.LossNotOurs)
 	}
 	called := false
@@ -81,7 +81,7 @@ func h3ForceRelease(e *Env) {
 	removed, err = hl.ForceRelease(ctx, key)
 	e.Must(err, "force release of the Locker's own lease")
 	frWant(e, "force release of its own lease", removed, again)
-	if lle := lcLoss(e, "own lease after ForceRelease", again.Err(), again); lle != nil && lle.Reason != lock.LossNotOurs {
+	if lle := wantLost(e, "own lease after ForceRelease", again.Err(), again); lle != nil && lle.Reason != lock.LossNotOurs {
 		e.T.Errorf("own lease: loss reason %q, want %q", lle.Reason, lock.LossNotOurs)
 	}
 	if removed, err := op.ForceRelease(ctx, key); err != nil || len(removed) != 0 {
@@ -138,7 +138,7 @@ func w1ForceReleaseKeepsWaiters(e *Env) {
 	if lcWaitDone(s2, frTTL/3+lcSlack).IsZero() {
 		e.T.Errorf("reader 2 not told of its loss %s after the forced release", frTTL/3+lcSlack)
 	}
-	lcLoss(e, "reader 2's context cause", context.Cause(s2.Context()), s2)
+	wantLost(e, "reader 2's context cause", context.Cause(s2.Context()), s2)
 	if err := r.le.Release(ctx); err != nil {
 		e.T.Errorf("writer's release: %v", err)
 	}

@@ -68,7 +68,7 @@ func h10HoldAtLeastKeepsKey(e *Env) {
 	e.Must(err, "Do with HoldAtLeast")
 	e.Check(errors.Is(lease.Err(), lock.ErrReleased), "lease after Do: %v, want ErrReleased", lease.Err())
 	until := lease.GrantedAt().Add(hold)
-	hs := lcHolders(e, l, "h10/min")
+	hs := holders(e, l, "h10/min")
 	e.Require(len(hs) == 1 && hs[0].LeaseID == lease.LeaseID(), "holders during the hold: %v, want the released lease's row", hs)
 	if exp := hs[0].Expiry; exp.Before(until) || exp.Sub(until) > lcSlack {
 		e.T.Errorf("held row expires at %s, want at grant + minimum %s", exp.Format(time.StampMicro), until.Format(time.StampMicro))
@@ -98,7 +98,7 @@ func h10ReleaseAfterMinimum(e *Env) {
 	e.Must(err, "acquire")
 	time.Sleep(400 * time.Millisecond)
 	e.Must(le.Release(ctx), "release after the minimum")
-	if hs := lcHolders(e, l, "h10/after"); len(hs) != 0 {
+	if hs := holders(e, l, "h10/after"); len(hs) != 0 {
 		e.T.Errorf("rows left after a release past the minimum: %v", hs)
 	}
 	other := e.NewLocker(nil)
@@ -209,7 +209,7 @@ func h10BadHold(e *Env) {
 		err = l.Do(ctx, "h10/bad", c.mode, func(context.Context, *lock.Lease) error { ran = true; return nil }, c.opts...)
 		e.Check(errors.Is(err, lock.ErrInvalidInput) && !ran, "%s: Do = %v (function ran: %v), want ErrInvalidInput without running", c.name, err, ran)
 	}
-	if hs := lcHolders(e, l, "h10/bad"); len(hs) != 0 {
+	if hs := holders(e, l, "h10/bad"); len(hs) != 0 {
 		e.T.Errorf("refused acquires left rows: %v", hs)
 	}
 }

@@ -135,8 +135,8 @@ func d3BadSchemaAndPrefixRejected(e *Env) {
 		}
 		granted <- err
 	}()
-	if !Eventually(5*time.Second, func() bool { return len(stgHolders(e, long, "d3/k")) == 2 }) {
-		e.T.Errorf("the waiting writer left no marker: %v", stgHolders(e, long, "d3/k"))
+	if !Eventually(5*time.Second, func() bool { return len(keyHolders(e, long, "d3/k")) == 2 }) {
+		e.T.Errorf("the waiting writer left no marker: %v", keyHolders(e, long, "d3/k"))
 	}
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release with a %d-byte prefix while a writer waits: %v", len(ns.Prefix), err)

@@ -171,13 +171,6 @@ func lcTransientError(e *Env) error {
 	return io.ErrUnexpectedEOF
 }
 
-// lcHolders lists the leases and markers of key (prefix match on key).
-func lcHolders(e *Env, l *lock.Locker, key string) []lock.Holder {
-	e.T.Helper()
-	hs, _, err := l.Holders(e.Ctx(), key)
-	e.Must(err, "holders")
-	return hs
-}
 
 // lcWarm opens n connections of db at once and hands them back to its idle
 // pool, as in a running application, so a renewal does not have to dial
@@ -195,30 +188,6 @@ func lcWarm(e *Env, db *sql.DB, n int) {
 	}
 }
 
-// lcLoss checks that err is a loss (ErrLeaseLost, *LeaseLostError of le,
-// never a bare cancellation) and returns its detail.
-func lcLoss(e *Env, what string, err error, le *lock.Lease) *lock.LeaseLostError {
-	e.T.Helper()
-	var lost *lock.LeaseLostError
-	switch {
-	case err == nil:
-		e.T.Errorf("%s: no loss reported", what)
-		return nil
-	case err == context.Canceled || err == context.DeadlineExceeded || errors.Is(err, context.Canceled):
-		// (A loss may wrap the last renewal's statement timeout.)
-		e.T.Errorf("%s: loss reported as a plain cancellation: %v", what, err)
-	case !errors.Is(err, lock.ErrLeaseLost):
-		e.T.Errorf("%s: want an error matching ErrLeaseLost, got %v", what, err)
-	}
-	if !errors.As(err, &lost) {
-		e.T.Errorf("%s: want a *LeaseLostError, got %T: %v", what, err, err)
-		return nil
-	}
-	if le != nil && (lost.LeaseID != le.LeaseID() || lost.Token != le.Token() || lost.Key != le.Key()) {
-		e.T.Errorf("%s: loss names lease %q token %d key %q, want %q token %d key %q", what, lost.LeaseID, lost.Token, lost.Key, le.LeaseID(), le.Token(), le.Key())
-	}
-	return lost
-}
 
 // lcLiveInDatabase checks that le is the only row of its key and live in
 // the database's time.
@@ -320,7 +289,7 @@ func h1BlockedRenewalsEndWindow(e *Env) {
 	lostAt := lcWaitDone(le, time.Until(endHi.Add(lcSlack)))
 	e.Require(!lostAt.IsZero(), "lease not reported lost by %s after the trusted window ended (Remaining reached 0 %s after blocking)", lcSlack, zeroAt.Sub(t0))
 	e.Check(!lostAt.Before(endLo), "lease reported lost %s before its trusted window ended", endLo.Sub(lostAt))
-	if lost := lcLoss(e, "blocked renewals", le.Err(), le); lost != nil && lost.Reason != lock.LossWindowExhausted {
+	if lost := wantLost(e, "blocked renewals", le.Err(), le); lost != nil && lost.Reason != lock.LossWindowExhausted {
 		e.T.Errorf("loss reason %q, want %q", lost.Reason, lock.LossWindowExhausted)
 	}
 	if r := le.Remaining(); r != 0 {
@@ -517,7 +486,7 @@ func h2PersistentFailureLoses(e *Env) {
 	lostAt := lcWaitDone(le, time.Until(endHi.Add(lcSlack)))
 	e.Require(!lostAt.IsZero(), "renewals failing with %v: lease not lost %s after the trusted window ended", transient, lcSlack)
 	e.Check(!lostAt.Before(endLo), "lease lost %s before its trusted window ended: failures must be retried until then", endLo.Sub(lostAt))
-	if lost := lcLoss(e, "persistent renewal failure", le.Err(), le); lost != nil && lost.Reason != lock.LossWindowExhausted {
+	if lost := wantLost(e, "persistent renewal failure", le.Err(), le); lost != nil && lost.Reason != lock.LossWindowExhausted {
 		e.T.Errorf("loss reason %q, want %q", lost.Reason, lock.LossWindowExhausted)
 	}
 	g := <-got
@@ -546,7 +515,7 @@ func h2LostReplySettled(e *Env) {
 	e.Require(Eventually(ttl, func() bool { return le.Expiry().After(exp) }), "no renewal succeeded after a lost reply; lease err: %v", le.Err())
 	time.Sleep(ttl / 2)
 	e.Must(le.Err(), "a renewal whose reply was lost lost the lease")
-	hs := lcHolders(e, l, "k")
+	hs := holders(e, l, "k")
 	e.Check(len(hs) == 1 && hs[0].LeaseID == le.LeaseID() && hs[0].Token == le.Token(), "want exactly our lease (token %d) in the database, got %v", le.Token(), hs)
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release of the kept lease: %v", err)
@@ -592,10 +561,10 @@ func h3DeletedRowSignalsLoss(e *Env) {
 	if d := lost.Sub(deleted); d > ttl/3+lcSlack {
 		e.T.Errorf("loss signalled %s after the row was deleted, want within about one renewal interval (%s)", d, ttl/3)
 	}
-	if lost := lcLoss(e, "context cause", cause, lease); lost != nil && lost.Reason != lock.LossNotOurs {
+	if lost := wantLost(e, "context cause", cause, lease); lost != nil && lost.Reason != lock.LossNotOurs {
 		e.T.Errorf("loss reason %q, want %q", lost.Reason, lock.LossNotOurs)
 	}
-	lcLoss(e, "lease.Err", lease.Err(), lease)
+	wantLost(e, "lease.Err", lease.Err(), lease)
 	e.Check(errors.Is(err, lock.ErrLeaseLost) && errors.Is(err, errFn), "Do = %v, want ErrLeaseLost joined with the function's error", err)
 	if r := lease.Remaining(); r != 0 {
 		e.T.Errorf("Remaining after loss = %s, want 0", r)
@@ -623,7 +592,7 @@ func h4ExitRaceKeepsResult(e *Env) {
 	close(release)
 	e.Require(fnCause == nil, "guarded function's context ended before it returned: %v", fnCause)
 	e.Check(err == nil, "Do = %v, want the function's nil: a renewal failing after it returned must not rewrite it", err)
-	if hs := lcHolders(e, l, "k"); len(hs) != 0 {
+	if hs := holders(e, l, "k"); len(hs) != 0 {
 		e.T.Errorf("lease not released after the function returned: %v", hs)
 	}
 	// Let the released renewal finish and fail, then look again.
@@ -631,7 +600,7 @@ func h4ExitRaceKeepsResult(e *Env) {
 	if err := lease.Err(); !errors.Is(err, lock.ErrReleased) || errors.Is(err, lock.ErrLeaseLost) {
 		e.T.Errorf("lease context cause = %v, want ErrReleased: the late renewal failure must not turn it into a loss", err)
 	}
-	if hs := lcHolders(e, l, "k"); len(hs) != 0 {
+	if hs := holders(e, l, "k"); len(hs) != 0 {
 		e.T.Errorf("late renewal brought the lease back: %v", hs)
 	}
 }
@@ -645,7 +614,7 @@ func h5ReleaseWithCancelledContext(e *Env) {
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	e.Must(le.Release(cancelled), "release with a cancelled context")
-	if hs := lcHolders(e, l, "k"); len(hs) != 0 {
+	if hs := holders(e, l, "k"); len(hs) != 0 {
 		e.T.Errorf("release with a cancelled context left rows: %v", hs)
 	}
 	if err := le.Err(); !errors.Is(err, lock.ErrReleased) {
@@ -663,7 +632,7 @@ func h5ReleaseWithCancelledContext(e *Env) {
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release after the key was granted again: %v", err)
 	}
-	if hs := lcHolders(e, l, "k"); len(hs) != 1 || hs[0].LeaseID != o.LeaseID() {
+	if hs := holders(e, l, "k"); len(hs) != 1 || hs[0].LeaseID != o.LeaseID() {
 		e.T.Errorf("a repeated release touched the next holder: %v", hs)
 	}
 	_ = o.Release(ctx)
@@ -677,7 +646,7 @@ func h5ReleaseWithCancelledContext(e *Env) {
 	}); err != nil {
 		e.T.Errorf("Do with its context cancelled inside: %v", err)
 	}
-	if hs := lcHolders(e, l, "d"); len(hs) != 0 {
+	if hs := holders(e, l, "d"); len(hs) != 0 {
 		e.T.Errorf("Do with a cancelled context did not release: %v", hs)
 	}
 }
@@ -699,11 +668,11 @@ func h5ReleaseHangingBounded(e *Env) {
 	e.Check(le.Err() != nil, "lease context still live after release")
 	// The row stays and is no longer renewed: it ends by expiry, and a
 	// contender takes the key over then.
-	hs := lcHolders(e, l, "k")
+	hs := holders(e, l, "k")
 	e.Require(len(hs) == 1 && hs[0].LeaseID == le.LeaseID(), "after a failed release want our row still in the database, got %v", hs)
 	c, err := other.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(ttl+2*lcSlack))
 	if err != nil {
-		e.T.Fatalf("row did not end by expiry: %v (holders %v)", err, lcHolders(e, l, "k"))
+		e.T.Fatalf("row did not end by expiry: %v (holders %v)", err, holders(e, l, "k"))
 	}
 	defer c.Release(ctx)
 	if d := time.Since(start); d > ttl+2*lcSlack {
@@ -715,7 +684,7 @@ func h5ReleaseHangingBounded(e *Env) {
 	if err := le.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		e.T.Errorf("retried release after takeover = %v, want ErrNotHeld", err)
 	}
-	if hs := lcHolders(e, l, "k"); len(hs) != 1 || hs[0].LeaseID != c.LeaseID() {
+	if hs := holders(e, l, "k"); len(hs) != 1 || hs[0].LeaseID != c.LeaseID() {
 		e.T.Errorf("retried release touched the successor: %v", hs)
 	}
 }
@@ -736,7 +705,7 @@ func h5ReleaseAfterTakeover(e *Env) {
 	if err := la.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		e.T.Errorf("second release of a lease taken over = %v, want ErrNotHeld again (idempotent)", err)
 	}
-	hs := lcHolders(e, a, "k")
+	hs := holders(e, a, "k")
 	e.Require(len(hs) == 1 && hs[0].LeaseID == lb.LeaseID() && hs[0].Token == lb.Token(), "stale release touched the successor: want only token %d, got %v", lb.Token(), hs)
 	if err := lb.Renew(ctx); err != nil {
 		e.T.Errorf("successor cannot renew after a stale release: %v", err)
@@ -788,7 +757,7 @@ func h6CancelWhileAcquiring(e *Env) {
 	// A grant that commits after the caller gave up is released before
 	// the error is returned.
 	cancelDuring(func(c context.Context) (*lock.Lease, error) { return l.TryAcquire(c, "k", lock.Exclusive) })
-	if hs := lcHolders(e, l, ""); len(hs) != 0 {
+	if hs := holders(e, l, ""); len(hs) != 0 {
 		e.T.Errorf("cancelled acquire left rows: %v", hs)
 	}
 	o, err := other.TryAcquire(ctx, "k", lock.Exclusive)
@@ -806,7 +775,7 @@ func h6CancelWhileAcquiring(e *Env) {
 	// A blocked writer cancelled during a poll leaves no pending-writer
 	// marker behind.
 	cancelDuring(func(c context.Context) (*lock.Lease, error) { return l.Acquire(c, "k", lock.Exclusive) })
-	hs := lcHolders(e, l, "")
+	hs := holders(e, l, "")
 	e.Check(len(hs) == 1 && hs[0].LeaseID == o.LeaseID(), "cancelled waiter left rows: want only the holder's lease, got %v", hs)
 	if err := o.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
@@ -833,7 +802,7 @@ func h6DoneContextTakesNothing(e *Env) {
 		e.T.Errorf("Do with a done context = %v, want the context's error", err)
 	}
 	e.Check(!called, "Do ran its function with a done context")
-	if hs := lcHolders(e, l, ""); len(hs) != 0 {
+	if hs := holders(e, l, ""); len(hs) != 0 {
 		e.T.Errorf("a done context took something: %v", hs)
 	}
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
@@ -1037,7 +1006,7 @@ func w2CrashedHolderTakeover(e *Env) {
 	defer wg.Wait()
 	// Crash only once the contender is blocked (its marker is visible).
 	e.Require(Eventually(5*time.Second, func() bool {
-		for _, h := range lcHolders(e, a, "k") {
+		for _, h := range holders(e, a, "k") {
 			if h.Mode == lock.PendingWriter {
 				return true
 			}
@@ -1086,7 +1055,7 @@ func w3TryReportsHolders(e *Env) {
 		e.Check(strings.Contains(err.Error(), "holder-a"), "try %s: message %q does not name the holder", m, err)
 	}
 	// A try never leaves a pending-writer marker.
-	if hs := lcHolders(e, a, "k"); len(hs) != 1 {
+	if hs := holders(e, a, "k"); len(hs) != 1 {
 		e.T.Errorf("try left rows: %v", hs)
 	}
 }
@@ -1114,7 +1083,7 @@ func w3WaitTimeout(e *Env) {
 		}
 		e.Check(found, "%s wait: LockedError holders %v do not name the holder", m, le.Holders)
 		// The waiter gave up: its marker is gone.
-		if hs := lcHolders(e, a, "k"); len(hs) != 1 || hs[0].LeaseID != la.LeaseID() {
+		if hs := holders(e, a, "k"); len(hs) != 1 || hs[0].LeaseID != la.LeaseID() {
 			e.T.Errorf("%s waiter that timed out left rows: %v", m, hs)
 		}
 	}
@@ -1138,7 +1107,7 @@ func w3NegativeWaitTimeout(e *Env) {
 	called := false
 	err = l.Do(ctx, "k", lock.Exclusive, func(context.Context, *lock.Lease) error { called = true; return nil }, lock.WaitTimeout(-time.Nanosecond))
 	e.Check(errors.Is(err, lock.ErrInvalidInput) && !called, "Do with a negative wait timeout = %v (function called: %v), want ErrInvalidInput", err, called)
-	if hs := lcHolders(e, l, ""); len(hs) != 0 {
+	if hs := holders(e, l, ""); len(hs) != 0 {
 		e.T.Errorf("rejected input changed the database: %v", hs)
 	}
 	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
@@ -1171,7 +1140,7 @@ func w3BoundedByContext(e *Env) {
 	cancel()
 	e.Check(lb == nil && errors.Is(err, context.Canceled), "blocking acquire whose context was cancelled = %v, want context.Canceled", err)
 	e.Check(took <= bound+lcSlack, "blocking acquire returned %s after start, cancelled at %s", took, bound)
-	if hs := lcHolders(e, a, "k"); len(hs) != 1 || hs[0].LeaseID != la.LeaseID() {
+	if hs := holders(e, a, "k"); len(hs) != 1 || hs[0].LeaseID != la.LeaseID() {
 		e.T.Errorf("waiters that gave up left rows: %v", hs)
 	}
 }
@@ -1222,14 +1191,14 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 	}
 	if !Eventually(5*time.Second, func() bool {
 		n := 0
-		for _, h := range lcHolders(e, other, "") {
+		for _, h := range holders(e, other, "") {
 			if h.Mode == lock.PendingWriter || h.Mode == lock.Queued {
 				n++
 			}
 		}
 		return n >= want
 	}) {
-		e.T.Fatalf("waiters never wrote their marker/ticket: %v", lcHolders(e, other, ""))
+		e.T.Fatalf("waiters never wrote their marker/ticket: %v", holders(e, other, ""))
 	}
 	time.Sleep(100 * time.Millisecond) // the shared waiter is polling too
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -1270,7 +1239,7 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 		}
 	}
 	wg.Wait()
-	for _, h := range lcHolders(e, other, "") {
+	for _, h := range holders(e, other, "") {
 		e.Check(h.Mode != lock.PendingWriter && h.Mode != lock.Queued, "closed Locker's waiter left a row behind: %+v", h)
 	}
 	// The holder lets go: nothing is granted to the closed Locker.
@@ -1278,7 +1247,7 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 		e.Must(le.Release(ctx), "release")
 	}
 	time.Sleep(300 * time.Millisecond)
-	if hs := lcHolders(e, other, ""); len(hs) != 0 {
+	if hs := holders(e, other, ""); len(hs) != 0 {
 		e.T.Errorf("rows after the holder released and the waiter's Locker closed: %v", hs)
 	}
 	if _, err := l.TryAcquire(ctx, "x", lock.Exclusive); !errors.Is(err, lock.ErrClosed) {

@@ -51,7 +51,7 @@ func h8TransientReleaseErrorsRetried(e *Env) {
 	err = le.Release(ctx)
 	remove()
 	e.Require(err == nil, "release with 4 transient failures = %v, want retried to success", err)
-	if hs := lcHolders(e, l, "k"); len(hs) != 0 {
+	if hs := holders(e, l, "k"); len(hs) != 0 {
 		e.T.Errorf("rows left after a retried release: %v", hs)
 	}
 	e.Check(errors.Is(context.Cause(le.Context()), lock.ErrReleased), "lease context cause %v, want ErrReleased", context.Cause(le.Context()))
@@ -92,7 +92,7 @@ func h8FailedReleaseThenReacquire(e *Env) {
 	if err := again.Release(ctx); err != nil {
 		e.T.Errorf("release after re-acquire: %v", err)
 	}
-	if hs := lcHolders(e, l, "k"); len(hs) != 0 {
+	if hs := holders(e, l, "k"); len(hs) != 0 {
 		e.T.Errorf("rows left: %v", hs)
 	}
 }
@@ -155,8 +155,8 @@ func h8ReleaseOfGoneLeaseMarksLost(e *Env) {
 	}
 	err = le.Release(ctx)
 	e.Check(errors.Is(err, lock.ErrNotHeld), "release of a deleted lease = %v, want ErrNotHeld", err)
-	lcLoss(e, "lease.Err after release found the row gone", le.Err(), le)
-	lcLoss(e, "context cause", context.Cause(le.Context()), le)
+	wantLost(e, "lease.Err after release found the row gone", le.Err(), le)
+	wantLost(e, "context cause", context.Cause(le.Context()), le)
 	if err := le.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		e.T.Errorf("second release = %v, want ErrNotHeld again (idempotent)", err)
 	}

@@ -52,10 +52,6 @@ func w7Lockers(e *Env, n int, prefix string, opts ...lock.Option) []*lock.Locker
 	return ls
 }
 
-// w7Live returns the live shared leases of key, as the database sees them.
-func w7Live(e *Env, l *lock.Locker, key string) ([]lock.Holder, error) {
-	return liveOf(e.Ctx(), l, key, lock.Shared)
-}
 
 // w7AdmitsAtMostN: with Limit(3), three TryAcquires of separate Lockers are
 // granted, each its own lease with a greater token; a fourth is refused
@@ -91,7 +87,7 @@ func w7AdmitsAtMostN(e *Env) {
 	if _, err := ls[n].Acquire(ctx, key, lock.Shared, lock.Limit(n), lock.WaitTimeout(200*time.Millisecond)); !errors.Is(err, lock.ErrLocked) {
 		e.T.Errorf("blocking acquire with Limit(%d) on a full key: want ErrLocked after its wait timeout, got %v", n, err)
 	}
-	if live, err := w7Live(e, ls[0], key); err != nil || len(live) != n {
+	if live, err := liveOf(e.Ctx(), ls[0], key, lock.Shared); err != nil || len(live) != n {
 		e.T.Errorf("database: %d live shared leases (err %v), want %d", len(live), err, n)
 	}
 	for _, opts := range [][]lock.AcquireOption{{lock.Limit(n + 1)}, nil} {
@@ -153,7 +149,7 @@ func w7Stress(e *Env) {
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
-			live, err := w7Live(e, obs, "stress/0")
+			live, err := liveOf(e.Ctx(), obs, "stress/0", lock.Shared)
 			if err != nil {
 				dbErr = err
 				return
@@ -257,7 +253,7 @@ func w7CrashedHolder(e *Env) {
 	if stays.Err() != nil {
 		e.T.Errorf("the live holder lost its lease: %v", stays.Err())
 	}
-	if live, err := w7Live(e, ls[0], key); err != nil || len(live) != n {
+	if live, err := liveOf(e.Ctx(), ls[0], key, lock.Shared); err != nil || len(live) != n {
 		e.T.Errorf("database: %d live shared leases (err %v), want %d", len(live), err, n)
 	}
 }
@@ -317,7 +313,7 @@ func w7WriterNotStarved(e *Env) {
 	if bound := 3 * time.Second; waited > bound {
 		e.T.Errorf("writer granted after %s, want within %s", waited, bound)
 	}
-	if live, err := w7Live(e, w, key); err != nil || len(live) != 0 {
+	if live, err := liveOf(e.Ctx(), w, key, lock.Shared); err != nil || len(live) != 0 {
 		e.T.Errorf("while the writer holds: %d live shared leases (err %v), want none (SPEC S1)", len(live), err)
 	}
 	before := grants.Load()

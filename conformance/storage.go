@@ -41,13 +41,11 @@ func init() {
 
 // --- S4 -------------------------------------------------------------------
 
-// stgHolders lists the holders of exactly key.
-func stgHolders(e *Env, l *lock.Locker, key string) []lock.Holder {
+// keyHolders lists the holders of exactly key (not of the keys it prefixes).
+func keyHolders(e *Env, l *lock.Locker, key string) []lock.Holder {
 	e.T.Helper()
-	hs, _, err := l.Holders(e.Ctx(), key)
-	e.Must(err, "holders %q", key)
 	var out []lock.Holder
-	for _, h := range hs {
+	for _, h := range holders(e, l, key) {
 		if h.Key == key {
 			out = append(out, h)
 		}
@@ -99,7 +97,7 @@ func stgWrites(e *Env) []string {
 // database, untouched, and still works.
 func stgCheckSuccessor(e *Env, l *lock.Locker, succ *lock.Lease, what string) {
 	e.T.Helper()
-	hs := stgHolders(e, l, succ.Key())
+	hs := keyHolders(e, l, succ.Key())
 	e.Check(len(hs) == 1 && hs[0].LeaseID == succ.LeaseID() && hs[0].Token == succ.Token(), "%s: the successor lease (token %d) should be the only holder of %q, the database has %v", what, succ.Token(), succ.Key(), hs)
 	if err := succ.Err(); err != nil {
 		e.T.Errorf("%s: the successor lease ended: %v", what, err)
@@ -109,16 +107,6 @@ func stgCheckSuccessor(e *Env, l *lock.Locker, succ *lock.Lease, what string) {
 	}
 }
 
-// stgLost checks that err is a *LeaseLostError for le.
-func stgLost(e *Env, what string, le *lock.Lease, err error) {
-	e.T.Helper()
-	var lle *lock.LeaseLostError
-	if !errors.Is(err, lock.ErrLeaseLost) || !errors.As(err, &lle) {
-		e.T.Errorf("%s: want a *LeaseLostError matching ErrLeaseLost, got %v", what, err)
-		return
-	}
-	e.Check(lle.LeaseID == le.LeaseID() && lle.Token == le.Token() && lle.Key == le.Key(), "%s: the error names lease %q token %d key %q, want %q token %d key %q", what, lle.LeaseID, lle.Token, lle.Key, le.LeaseID(), le.Token(), le.Key())
-}
 
 // stgCreateWrites creates the case table "s4_writes".
 func stgCreateWrites(e *Env) {
@@ -144,8 +132,8 @@ func s4StaleHandleAfterTakeover(e *Env) {
 		succ, err := b.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
 		e.Must(err, "takeover")
 		e.Check(succ.Token() > stale.Token(), "successor token %d not greater than %d", succ.Token(), stale.Token())
-		stgLost(e, "renew of the stale handle", stale, stale.Renew(ctx))
-		stgLost(e, "fenced write of the stale handle", stale, stgFencedWrite(e, stale, "stale "+mode.String()))
+		wantLost(e, "renew of the stale handle", stale.Renew(ctx), stale)
+		wantLost(e, "fenced write of the stale handle", stgFencedWrite(e, stale, "stale "+mode.String()), stale)
 		err = stale.Release(ctx)
 		e.Check(errors.Is(err, lock.ErrNotHeld), "release of the stale handle: want ErrNotHeld, got %v", err)
 		stgCheckSuccessor(e, b, succ, "after the stale handle acted")
@@ -191,10 +179,10 @@ func s4StaleHandleAfterRowDeleted(e *Env) {
 			what := fmt.Sprintf("%s of a stale %s handle", op, mode)
 			switch op {
 			case "renew":
-				stgLost(e, what, stale, stale.Renew(ctx))
+				wantLost(e, what, stale.Renew(ctx), stale)
 				e.Check(errors.Is(stale.Err(), lock.ErrLeaseLost), "%s: the handle's context should end with ErrLeaseLost, got %v", what, stale.Err())
 			case "fence":
-				stgLost(e, what, stale, stgFencedWrite(e, stale, what))
+				wantLost(e, what, stgFencedWrite(e, stale, what), stale)
 			case "release":
 				if err := stale.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 					e.T.Errorf("%s: want ErrNotHeld, got %v", what, err)
@@ -232,15 +220,15 @@ func s4SameLeaseIDOtherToken(e *Env) {
 		what := op + " of a handle whose row has another token"
 		switch op {
 		case "renew":
-			stgLost(e, what, le, le.Renew(ctx))
+			wantLost(e, what, le.Renew(ctx), le)
 		case "fence":
-			stgLost(e, what, le, stgFencedWrite(e, le, what))
+			wantLost(e, what, stgFencedWrite(e, le, what), le)
 		case "release":
 			if err := le.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 				e.T.Errorf("%s: want ErrNotHeld, got %v", what, err)
 			}
 		}
-		hs := stgHolders(e, l, key)
+		hs := keyHolders(e, l, key)
 		e.Check(len(hs) == 1 && hs[0].LeaseID == le.LeaseID() && hs[0].Token == other && hs[0].Expiry.Equal(le.Expiry()), "%s: the row (lease %s, token %d, expiry %s) should be untouched, the database has %v", what, le.LeaseID(), other, le.Expiry(), hs)
 	}
 	if w := stgWrites(e); len(w) != 0 {
@@ -278,7 +266,7 @@ func s5OtherKeyHeldNeverBlocks(e *Env) {
 		}
 	})
 	e.Require(Eventually(5*time.Second, func() bool {
-		for _, h := range stgHolders(e, other, "s5/c") {
+		for _, h := range keyHolders(e, other, "s5/c") {
 			if h.Mode == lock.PendingWriter {
 				return true
 			}
@@ -478,7 +466,7 @@ func d1MigrateUpIsIdempotent(e *Env) {
 		e.Check(err == nil && len(applied) == 0, "migrate.Up #%d on a migrated namespace: applied %q, %v; want nothing, nil", i+2, applied, err)
 	}
 	stgCheckMigrated(e, e.Namespace)
-	if hs := stgHolders(e, l, "d1/k"); len(hs) != 1 || hs[0].Token != le.Token() {
+	if hs := keyHolders(e, l, "d1/k"); len(hs) != 1 || hs[0].Token != le.Token() {
 		e.T.Errorf("the lease should survive migrate.Up, the database has %v", hs)
 	}
 	if err := le.Renew(ctx); err != nil {
@@ -752,8 +740,8 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 	})
 	defer wwg.Wait()
 	defer stopWaiter()
-	if !Eventually(5*time.Second, func() bool { return len(stgHolders(e, l, "d2/live")) == 2 }) {
-		e.T.Fatalf("no marker: %v", stgHolders(e, l, "d2/live"))
+	if !Eventually(5*time.Second, func() bool { return len(keyHolders(e, l, "d2/live")) == 2 }) {
+		e.T.Fatalf("no marker: %v", keyHolders(e, l, "d2/live"))
 	}
 
 	// Wait until every orphaned lease expired in database time.
@@ -781,7 +769,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 		e.Must(err, "sweep")
 		calls++
 		e.Check(removed <= int64(limit), "sweep #%d removed %d holder rows, more than its limit %d", calls, removed, limit)
-		left := len(stgHoldersPrefix(e, l, "d2/exp/"))
+		left := len(holders(e, l, "d2/exp/"))
 		e.Check(int64(n)-total-removed == int64(left), "sweep #%d reported %d rows removed, but the listing went from %d to %d", calls, removed, int64(n)-total, left)
 		total += removed
 		if removed == 0 {
@@ -792,7 +780,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 	e.T.Logf("%d expired leases (%d rows) swept in %d calls of limit %d in %s", n, rows, calls, limit, time.Since(start).Round(time.Millisecond))
 	e.Check(total == int64(n), "sweeps removed %d holder rows, want %d", total, n)
 	e.Check(calls >= n/limit, "%d rows swept in %d calls of limit %d", total, calls, limit)
-	got := stgHolders(e, l, "d2/live")
+	got := keyHolders(e, l, "d2/live")
 	if len(got) != 2 || live.Err() != nil {
 		e.T.Errorf("the live lease and the live marker must survive the sweeps; the database has %v, lease %v", got, live.Err())
 	}
@@ -827,12 +815,6 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 	}
 }
 
-func stgHoldersPrefix(e *Env, l *lock.Locker, prefix string) []lock.Holder {
-	e.T.Helper()
-	hs, _, err := l.Holders(e.Ctx(), prefix)
-	e.Must(err, "holders")
-	return hs
-}
 
 // stgSweeper runs Sweep with limit in a loop until stop is closed, pausing
 // pause between calls, and returns the number of rows removed.
@@ -907,14 +889,14 @@ func d2SweepSparesLiveLeasesAndMarkers(e *Env) {
 		e.Check(err == nil, "writer: %v", err)
 		granted <- le
 	})
-	if !Eventually(5*time.Second, func() bool { return len(stgHolders(e, probe, "d2/m")) == 2 }) {
-		e.T.Fatalf("no marker: %v", stgHolders(e, probe, "d2/m"))
+	if !Eventually(5*time.Second, func() bool { return len(keyHolders(e, probe, "d2/m")) == 2 }) {
+		e.T.Fatalf("no marker: %v", keyHolders(e, probe, "d2/m"))
 	}
 	probes := 0
 	for t0 := time.Now(); time.Since(t0) < 1500*time.Millisecond; probes++ {
 		le, err := probe.TryAcquire(ctx, "d2/m", lock.Shared)
 		if err == nil {
-			e.T.Errorf("a new reader was granted while a writer waited: its marker was swept or lapsed (%v)", stgHolders(e, probe, "d2/m"))
+			e.T.Errorf("a new reader was granted while a writer waited: its marker was swept or lapsed (%v)", keyHolders(e, probe, "d2/m"))
 			_ = le.Release(ctx)
 			break
 		}
