@@ -171,7 +171,6 @@ func lcTransientError(e *Env) error {
 	return io.ErrUnexpectedEOF
 }
 
-
 // lcWarm opens n connections of db at once and hands them back to its idle
 // pool, as in a running application, so a renewal does not have to dial
 // within its short timeout (slow on a loaded machine).
@@ -187,7 +186,6 @@ func lcWarm(e *Env, db *sql.DB, n int) {
 		_ = c.Close()
 	}
 }
-
 
 // lcLiveInDatabase checks that le is the only row of its key and live in
 // the database's time.

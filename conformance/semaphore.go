@@ -52,7 +52,6 @@ func w7Lockers(e *Env, n int, prefix string, opts ...lock.Option) []*lock.Locker
 	return ls
 }
 
-
 // w7AdmitsAtMostN: with Limit(3), three TryAcquires of separate Lockers are
 // granted, each its own lease with a greater token; a fourth is refused
 // with a *LockedError listing the three; a request with its own larger

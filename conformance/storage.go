@@ -107,7 +107,6 @@ func stgCheckSuccessor(e *Env, l *lock.Locker, succ *lock.Lease, what string) {
 	}
 }
 
-
 // stgCreateWrites creates the case table "s4_writes".
 func stgCreateWrites(e *Env) {
 	e.T.Helper()
@@ -814,7 +813,6 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 		_ = le.Release(ctx)
 	}
 }
-
 
 // stgSweeper runs Sweep with limit in a loop until stop is closed, pausing
 // pause between calls, and returns the number of rows removed.
