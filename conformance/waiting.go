@@ -19,7 +19,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// Cases of writer preference (SPEC W1) and reentrancy (SPEC W4).
+// Waiting and fairness (docs/contract.md): writers are not starved (W1), re-entrant acquires are refused (W4).
 func init() {
 	register(
 		Case{Name: "W1_WriterNotStarvedByReaders", Rule: "W1", Run: w1WriterNotStarved},

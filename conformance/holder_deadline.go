@@ -13,7 +13,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// H9: deadlines hold, whatever the database does.
+// The holder's view (docs/contract.md): deadlines hold (H9).
 func init() {
 	register(
 		Case{Name: "H9_DeadlineHoldsWithHungStatement", Rule: "H9", Run: h9HungStatement},

@@ -16,7 +16,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// Cases of strict FIFO waiting (SPEC W6), on dialects with CapFIFO.
+// Waiting and fairness (docs/contract.md): strict arrival order with lock.FIFO (W6).
 func init() {
 	register(
 		Case{Name: "W6_GrantsFollowArrivalOrderAcrossProcesses", Rule: "W6", Needs: dialect.CapFIFO, Run: w6ArrivalOrder},
@@ -25,7 +25,6 @@ func init() {
 		Case{Name: "W6_FIFOAndDefaultOnDifferentKeysDoNotInteract", Rule: "W6", Needs: dialect.CapFIFO, Run: w6DifferentKeys},
 		Case{Name: "W6_StressMixedFIFOAndDefaultAcrossProcesses", Rule: "W6", Needs: dialect.CapFIFO, Run: func(e *Env) { stressCaseFIFO(e, 50, 0, 50) }},
 		Case{Name: "W6_FIFOOptionFollowsCapability", Rule: "W6", Run: w6Capability},
-		Case{Name: "D2_ExpiredFIFOTicketsSwept", Rule: "D2", Needs: dialect.CapFIFO, Run: d2TicketsSwept},
 	)
 	childRoles["w6-queue"] = w6QueueChild
 	childRoles["w6-waiter"] = w6WaiterChild
@@ -546,82 +545,4 @@ func w6Capability(e *Env) {
 	if err := le.Release(ctx); err != nil {
 		e.T.Errorf("release: %v", err)
 	}
-}
-
-// d2TicketsSwept: the ticket of a FIFO waiter that died stays in the table
-// after it expires until Sweep removes it (with the dead waiter's marker);
-// the live ticket of a waiter on another key survives the sweep, and
-// RowCount counts tickets.
-func d2TicketsSwept(e *Env) {
-	ctx := e.Ctx()
-	const (
-		deadKey   = "d2/tickets/dead"
-		liveKey   = "d2/tickets/live"
-		owner     = "d2-dead-waiter"
-		ticketTTL = 500 * time.Millisecond
-	)
-	h := e.NewLocker(nil, lock.WithOwner("d2-holder"))
-	for _, key := range []string{deadKey, liveKey} {
-		held, err := h.TryAcquire(ctx, key, lock.Shared)
-		e.Must(err, "holder of %s", key)
-		defer held.Release(ctx)
-	}
-	child := startChild(e, StressSpec{
-		Role: "w6-waiter", Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace,
-		WaitTimeout: 60 * time.Second,
-		Extra:       map[string]string{"key": deadKey, "owner": owner, "mode": "x", "ticket_ttl": ticketTTL.String()},
-	})
-	e.Require(Eventually(20*time.Second, func() bool {
-		ts, err := w6Tickets(ctx, h, deadKey)
-		return err == nil && len(ts) == 1 && ts[0].Owner == owner
-	}), "no ticket of the child waiter on %q", deadKey)
-	child.kill()
-	live := e.NewLocker(nil, lock.WithOwner("d2-live-waiter"))
-	done := make(chan error, 1)
-	lctx, cancel := context.WithCancel(ctx)
-	defer func() {
-		cancel()
-		<-done
-	}()
-	go func() {
-		le, err := live.Acquire(lctx, liveKey, lock.Exclusive, lock.FIFO())
-		if err == nil {
-			_ = le.Release(ctx)
-		}
-		done <- err
-	}()
-	e.Require(Eventually(10*time.Second, func() bool {
-		ts, err := w6Tickets(ctx, h, liveKey)
-		return err == nil && len(ts) == 1
-	}), "no ticket of the live waiter on %q", liveKey)
-	// The dead ticket expires but stays until something removes it.
-	tickets := func(key string) []lock.Holder {
-		hs, _, err := h.Holders(ctx, key)
-		e.Must(err, "holders")
-		var out []lock.Holder
-		for _, x := range hs {
-			if x.Mode == lock.Queued {
-				out = append(out, x)
-			}
-		}
-		return out
-	}
-	time.Sleep(2 * ticketTTL)
-	if ts := tickets(deadKey); len(ts) != 1 {
-		e.T.Fatalf("dead waiter's ticket: %v, want it left behind (expired)", ts)
-	}
-	before, err := h.RowCount(ctx)
-	e.Must(err, "row count")
-	if _, err := h.Sweep(ctx, 100); err != nil {
-		e.T.Fatalf("sweep: %v", err)
-	}
-	after, err := h.RowCount(ctx)
-	e.Must(err, "row count")
-	if ts := tickets(deadKey); len(ts) != 0 {
-		e.T.Errorf("sweep left the dead waiter's expired ticket: %v", ts)
-	}
-	if ts := tickets(liveKey); len(ts) != 1 {
-		e.T.Errorf("sweep removed a live ticket: %v", ts)
-	}
-	e.Check(after < before, "row count %d before the sweep, %d after: the expired ticket should be counted and removed", before, after)
 }

@@ -8,9 +8,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// Forced release (Locker.ForceRelease, `sqlease release`): the holder is
-// told as after any deletion of its row (H3), cannot write (F2), and the
-// waiters keep their places (W1).
+// The holder's view (docs/contract.md): a force-released holder learns of its loss (H3); its waiters stay queued (W1).
 func init() {
 	register(
 		Case{Name: "H3_ForceReleaseSignalsLossAndFencesOut", Rule: "H3", Run: h3ForceRelease},

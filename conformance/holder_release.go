@@ -10,14 +10,130 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// H8: Release always lets go.
+// The holder's view (docs/contract.md): bounded release (H5) and release always lets go (H8).
 func init() {
 	register(
+		Case{Name: "H5_ReleaseWithCancelledContextDeletes", Rule: "H5", Run: h5ReleaseWithCancelledContext},
+		Case{Name: "H5_ReleaseAgainstHangingDatabaseIsBounded", Rule: "H5", Run: h5ReleaseHangingBounded},
+		Case{Name: "H5_ReleaseAfterTakeoverIsNotHeld", Rule: "H5", Run: h5ReleaseAfterTakeover},
 		Case{Name: "H8_TransientReleaseErrorsRetried", Rule: "H8", Run: h8TransientReleaseErrorsRetried},
 		Case{Name: "H8_FailedReleaseThenReacquireWithinTTL", Rule: "H8", Run: h8FailedReleaseThenReacquire},
 		Case{Name: "H8_NoRenewalAfterReleaseWithRenewPoolExhausted", Rule: "H8", Run: h8NoRenewalAfterRelease},
 		Case{Name: "H8_ReleaseOfGoneLeaseMarksLost", Rule: "H8", Run: h8ReleaseOfGoneLeaseMarksLost},
 	)
+}
+
+func h5ReleaseWithCancelledContext(e *Env) {
+	ctx := e.Ctx()
+	l := e.NewLocker(nil, lock.WithTTL(5*time.Second))
+	other := e.NewLocker(nil, lock.WithTTL(5*time.Second))
+	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
+	e.Must(err, "acquire")
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	e.Must(le.Release(cancelled), "release with a cancelled context")
+	if hs := holders(e, l, "k"); len(hs) != 0 {
+		e.T.Errorf("release with a cancelled context left rows: %v", hs)
+	}
+	if err := le.Err(); !errors.Is(err, lock.ErrReleased) {
+		e.T.Errorf("lease context cause after release = %v, want ErrReleased", err)
+	}
+	// Idempotent.
+	if err := le.Release(ctx); err != nil {
+		e.T.Errorf("second release: %v", err)
+	}
+	if err := le.Release(cancelled); err != nil {
+		e.T.Errorf("third release: %v", err)
+	}
+	o, err := other.TryAcquire(ctx, "k", lock.Exclusive)
+	e.Must(err, "key not free after release")
+	if err := le.Release(ctx); err != nil {
+		e.T.Errorf("release after the key was granted again: %v", err)
+	}
+	if hs := holders(e, l, "k"); len(hs) != 1 || hs[0].LeaseID != o.LeaseID() {
+		e.T.Errorf("a repeated release touched the next holder: %v", hs)
+	}
+	_ = o.Release(ctx)
+
+	// Do whose caller context is cancelled inside the function releases too.
+	dctx, dcancel := context.WithCancel(ctx)
+	defer dcancel()
+	if err := l.Do(dctx, "d", lock.Exclusive, func(context.Context, *lock.Lease) error {
+		dcancel()
+		return nil
+	}); err != nil {
+		e.T.Errorf("Do with its context cancelled inside: %v", err)
+	}
+	if hs := holders(e, l, "d"); len(hs) != 0 {
+		e.T.Errorf("Do with a cancelled context did not release: %v", hs)
+	}
+}
+
+func h5ReleaseHangingBounded(e *Env) {
+	ctx := e.Ctx()
+	const ttl, releaseTimeout = 900 * time.Millisecond, 300 * time.Millisecond
+	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithReleaseTimeout(releaseTimeout))
+	other := e.NewLocker(e.OpenDB(), lock.WithTTL(ttl))
+	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
+	e.Must(err, "acquire")
+	remove := e.Faults.Add(faultdb.Rule{Match: lcRendered(e, "Release", e.Dialect.Statements().Release), Action: faultdb.Hang})
+	start := time.Now()
+	err = le.Release(ctx)
+	took := time.Since(start)
+	remove()
+	e.Check(err != nil && !errors.Is(err, lock.ErrNotHeld), "release against a hanging database = %v, want its failure", err)
+	e.Check(took <= releaseTimeout+lcSlack, "release against a hanging database took %s, want about the release timeout %s", took, releaseTimeout)
+	e.Check(le.Err() != nil, "lease context still live after release")
+	// The row stays and is no longer renewed: it ends by expiry, and a
+	// contender takes the key over then.
+	hs := holders(e, l, "k")
+	e.Require(len(hs) == 1 && hs[0].LeaseID == le.LeaseID(), "after a failed release want our row still in the database, got %v", hs)
+	c, err := other.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(ttl+2*lcSlack))
+	if err != nil {
+		e.T.Fatalf("row did not end by expiry: %v (holders %v)", err, holders(e, l, "k"))
+	}
+	defer c.Release(ctx)
+	if d := time.Since(start); d > ttl+2*lcSlack {
+		e.T.Errorf("takeover %s after the failed release; the row was renewed after it", d)
+	}
+	if granted := c.Expiry().Add(-ttl); granted.Before(hs[0].Expiry) {
+		e.T.Errorf("contender granted at %v, before our row expired at %v", granted, hs[0].Expiry)
+	}
+	if err := le.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		e.T.Errorf("retried release after takeover = %v, want ErrNotHeld", err)
+	}
+	if hs := holders(e, l, "k"); len(hs) != 1 || hs[0].LeaseID != c.LeaseID() {
+		e.T.Errorf("retried release touched the successor: %v", hs)
+	}
+}
+
+func h5ReleaseAfterTakeover(e *Env) {
+	ctx := e.Ctx()
+	const ttl = 600 * time.Millisecond
+	a := e.NewLocker(nil, lock.WithTTL(ttl))
+	b := e.NewLocker(nil, lock.WithTTL(ttl))
+	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
+	e.Must(err, "acquire")
+	la.Orphan()
+	lb, err := b.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(2*ttl+lcSlack))
+	e.Must(err, "takeover")
+	if err := la.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		e.T.Errorf("release of a lease taken over = %v, want ErrNotHeld", err)
+	}
+	if err := la.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		e.T.Errorf("second release of a lease taken over = %v, want ErrNotHeld again (idempotent)", err)
+	}
+	hs := holders(e, a, "k")
+	e.Require(len(hs) == 1 && hs[0].LeaseID == lb.LeaseID() && hs[0].Token == lb.Token(), "stale release touched the successor: want only token %d, got %v", lb.Token(), hs)
+	if err := lb.Renew(ctx); err != nil {
+		e.T.Errorf("successor cannot renew after a stale release: %v", err)
+	}
+	if err := lb.Err(); err != nil {
+		e.T.Errorf("successor's lease ended: %v", err)
+	}
+	if err := lb.Release(ctx); err != nil {
+		e.T.Errorf("successor release: %v", err)
+	}
 }
 
 // faultPool opens another pool to the case's database through e.Faults

@@ -13,10 +13,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// Cases of readers in one process (SPEC W5): many goroutines of one Locker
-// hold shared leases of one key at once, each its own lease; writer
-// preference (W1) still holds around them; what would wait behind the
-// Locker itself is still refused (W4).
+// Waiting and fairness (docs/contract.md): many readers of one Locker (W5).
 func init() {
 	register(
 		Case{Name: "W5_ManyReadersOfOneLockerHoldTogether", Rule: "W5", Run: w5ManyReaders},

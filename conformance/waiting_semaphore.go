@@ -15,9 +15,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// Cases of semaphores (lock.Limit, SPEC W7). A dialect supports them when
-// its acquire statements take @shared_limit (dialect.SupportsLimit); the
-// cases that need them are skipped otherwise, with that reason.
+// Waiting and fairness (docs/contract.md): shared leases limited to N holders (W7).
 func init() {
 	register(
 		Case{Name: "W7_LimitAdmitsAtMostN", Rule: "W7", Run: w7AdmitsAtMostN},

@@ -7,11 +7,7 @@ import (
 	"github.com/sqlease/sqlease/internal/faultdb"
 )
 
-// S6: the safety cases (S1 stress with crashed holders, S3 tokens, the
-// fenced counter of F2) run again with every session of the case's
-// database defaulting to each isolation level the dialect can default to.
-// The cases fail on any error a worker gets from the library that is not a
-// refusal or a loss, so a raw serialization failure or deadlock fails them.
+// Safety (docs/contract.md): S1-S5 at every default isolation level (S6).
 func init() {
 	levels := []struct {
 		name string

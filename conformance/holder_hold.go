@@ -10,7 +10,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// H10: hold at least, at most.
+// The holder's view (docs/contract.md): hold at least, hold at most (H10).
 func init() {
 	register(
 		Case{Name: "H10_HoldAtLeastKeepsKeyAfterEarlyRelease", Rule: "H10", Run: h10HoldAtLeastKeepsKey},
