@@ -298,6 +298,21 @@ func (e *Env) Must(err error, format string, args ...any) {
 	e.T.Fatalf(format+": %v", append(args, err)...)
 }
 
+// CheckErr records a failure (Errorf, the case goes on) when err is not
+// nil, with the message format (args as in Printf) followed by ": " and
+// err; an empty format prints err alone.
+func (e *Env) CheckErr(err error, format string, args ...any) {
+	e.T.Helper()
+	if err == nil {
+		return
+	}
+	if format == "" {
+		e.T.Errorf("%v", err)
+		return
+	}
+	e.T.Errorf(format+": %v", append(args, err)...)
+}
+
 // Check records a failure (Errorf, the case goes on) unless ok; format and
 // args say what was wrong.
 func (e *Env) Check(ok bool, format string, args ...any) {

@@ -141,13 +141,9 @@ func f1StoppedHolder(e *Env) {
 		e.T.Errorf("the stopped holder's write committed (%d rows, %v)", n, err)
 	}
 	// The successor works normally.
-	if err := le.RunInTx(ctx, e.DB, nil, func(ctx context.Context, tx *sql.Tx) error {
+	e.CheckErr(le.RunInTx(ctx, e.DB, nil, func(ctx context.Context, tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, "INSERT INTO "+writes+" (n) VALUES (2)")
 		return err
-	}); err != nil {
-		e.T.Errorf("successor's fenced write: %v", err)
-	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	}), "successor's fenced write")
+	e.CheckErr(le.Release(ctx), "release")
 }

@@ -115,9 +115,7 @@ func h6CancelWhileAcquiring(e *Env) {
 	cancelDuring(func(c context.Context) (*lock.Lease, error) { return l.Acquire(c, "k", lock.Exclusive) })
 	hs := holders(e, l, "")
 	e.Check(len(hs) == 1 && hs[0].LeaseID == o.LeaseID(), "cancelled waiter left rows: want only the holder's lease, got %v", hs)
-	if err := o.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(o.Release(ctx), "release")
 	// Nothing blocks readers now.
 	s, err := other.TryAcquire(ctx, "k", lock.Shared)
 	e.Must(err, "shared after the cancelled waiter")
@@ -207,9 +205,7 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	began := time.Now()
-	if err := l.Close(cctx); err != nil {
-		e.T.Errorf("close: %v", err)
-	}
+	e.CheckErr(l.Close(cctx), "close")
 	took := time.Since(began)
 	if limit := 2*time.Second + lcSlack; took > limit {
 		e.T.Errorf("close with waiting acquires took %v, want under %v", took, limit)

@@ -234,9 +234,7 @@ func h9ConnectionsCut(e *Env) {
 	releasedAt := make(chan time.Time, 1)
 	e.Go(&wg, func() {
 		time.Sleep(time.Second)
-		if err := le.Release(ctx); err != nil {
-			e.T.Errorf("holder release: %v", err)
-		}
+		e.CheckErr(le.Release(ctx), "holder release")
 		releasedAt <- time.Now()
 	})
 	start := time.Now()
@@ -250,19 +248,13 @@ func h9ConnectionsCut(e *Env) {
 	e.T.Logf("granted after %s, %d connections cut; holder released at +%s", took, cuts.Load(), (<-releasedAt).Sub(start).Round(time.Millisecond))
 	e.Check(cuts.Load() >= 2, "scenario not exercised: only %d cuts", cuts.Load())
 	// After the faults: the lease works, and nothing else is left.
-	if err := got.Renew(ctx); err != nil {
-		e.T.Errorf("renew after the cuts: %v", err)
-	}
-	if err := got.Release(ctx); err != nil {
-		e.T.Errorf("release after the cuts: %v", err)
-	}
+	e.CheckErr(got.Renew(ctx), "renew after the cuts")
+	e.CheckErr(got.Release(ctx), "release after the cuts")
 	var rows []lock.Holder
 	e.Check(Eventually(ttl+lcSlack, func() bool {
 		hs, _, err := contender.Holders(ctx, "")
 		rows = hs
 		return err == nil && len(hs) == 0
 	}), "rows left one TTL after the release: %v", rows)
-	if err := e.DB.PingContext(ctx); err != nil {
-		e.T.Errorf("pool unusable after the cuts: %v", err)
-	}
+	e.CheckErr(e.DB.PingContext(ctx), "pool unusable after the cuts")
 }

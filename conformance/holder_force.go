@@ -137,7 +137,5 @@ func w1ForceReleaseKeepsWaiters(e *Env) {
 		e.T.Errorf("reader 2 not told of its loss %s after the forced release", frTTL/3+lcSlack)
 	}
 	wantLost(e, "reader 2's context cause", context.Cause(s2.Context()), s2)
-	if err := r.le.Release(ctx); err != nil {
-		e.T.Errorf("writer's release: %v", err)
-	}
+	e.CheckErr(r.le.Release(ctx), "writer's release")
 }

@@ -46,9 +46,7 @@ func h10TakenUntil(e *Env, key string, until time.Time, local time.Time, token i
 		e.T.Errorf("granted %s after the hold's end, want within %s", late, lcSlack)
 	}
 	e.Check(le.Token() > token, "token after the hold %d, want above %d", le.Token(), token)
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 }
 
 // h10HoldAtLeastKeepsKey: Do's function returns at once; the key stays
@@ -104,9 +102,7 @@ func h10ReleaseAfterMinimum(e *Env) {
 	other := e.NewLocker(nil)
 	again, err := other.TryAcquire(ctx, "h10/after", lock.Exclusive)
 	e.Must(err, "try acquire right after the release")
-	if err := again.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(again.Release(ctx), "release")
 }
 
 // h10MaxLife runs Do with HoldAtMost(life) under a Locker with ttl; the
@@ -234,7 +230,5 @@ func h10FailedHold(e *Env) {
 	again, err := other.Acquire(ctx, "h10/failed", lock.Exclusive, lock.WaitTimeout(ttl+2*lcSlack))
 	e.Require(err == nil, "acquire after a failed hold: %v, want the key once the row expired", err)
 	e.Check(!again.GrantedAt().After(le.GrantedAt().Add(ttl+lcSlack)), "granted %s after the failed hold's grant, want within one TTL (%s)", again.GrantedAt().Sub(le.GrantedAt()), ttl)
-	if err := again.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(again.Release(ctx), "release")
 }

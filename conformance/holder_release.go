@@ -39,17 +39,11 @@ func h5ReleaseWithCancelledContext(e *Env) {
 		e.T.Errorf("lease context cause after release = %v, want ErrReleased", err)
 	}
 	// Idempotent.
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("second release: %v", err)
-	}
-	if err := le.Release(cancelled); err != nil {
-		e.T.Errorf("third release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "second release")
+	e.CheckErr(le.Release(cancelled), "third release")
 	o, err := other.TryAcquire(ctx, "k", lock.Exclusive)
 	e.Must(err, "key not free after release")
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release after the key was granted again: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release after the key was granted again")
 	if hs := holders(e, l, "k"); len(hs) != 1 || hs[0].LeaseID != o.LeaseID() {
 		e.T.Errorf("a repeated release touched the next holder: %v", hs)
 	}
@@ -58,12 +52,10 @@ func h5ReleaseWithCancelledContext(e *Env) {
 	// Do whose caller context is cancelled inside the function releases too.
 	dctx, dcancel := context.WithCancel(ctx)
 	defer dcancel()
-	if err := l.Do(dctx, "d", lock.Exclusive, func(context.Context, *lock.Lease) error {
+	e.CheckErr(l.Do(dctx, "d", lock.Exclusive, func(context.Context, *lock.Lease) error {
 		dcancel()
 		return nil
-	}); err != nil {
-		e.T.Errorf("Do with its context cancelled inside: %v", err)
-	}
+	}), "Do with its context cancelled inside")
 	if hs := holders(e, l, "d"); len(hs) != 0 {
 		e.T.Errorf("Do with a cancelled context did not release: %v", hs)
 	}
@@ -125,15 +117,9 @@ func h5ReleaseAfterTakeover(e *Env) {
 	}
 	hs := holders(e, a, "k")
 	e.Require(len(hs) == 1 && hs[0].LeaseID == lb.LeaseID() && hs[0].Token == lb.Token(), "stale release touched the successor: want only token %d, got %v", lb.Token(), hs)
-	if err := lb.Renew(ctx); err != nil {
-		e.T.Errorf("successor cannot renew after a stale release: %v", err)
-	}
-	if err := lb.Err(); err != nil {
-		e.T.Errorf("successor's lease ended: %v", err)
-	}
-	if err := lb.Release(ctx); err != nil {
-		e.T.Errorf("successor release: %v", err)
-	}
+	e.CheckErr(lb.Renew(ctx), "successor cannot renew after a stale release")
+	e.CheckErr(lb.Err(), "successor's lease ended")
+	e.CheckErr(lb.Release(ctx), "successor release")
 }
 
 // faultPool opens another pool to the case's database through e.Faults
@@ -173,9 +159,7 @@ func h8TransientReleaseErrorsRetried(e *Env) {
 	e.Check(errors.Is(context.Cause(le.Context()), lock.ErrReleased), "lease context cause %v, want ErrReleased", context.Cause(le.Context()))
 	again, err := l.TryAcquire(ctx, "k", lock.Exclusive)
 	e.Must(err, "re-acquire from the same locker after the release")
-	if err := again.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(again.Release(ctx), "release")
 }
 
 // h8FailedReleaseThenReacquire: every release attempt fails until the
@@ -205,9 +189,7 @@ func h8FailedReleaseThenReacquire(e *Env) {
 		e.T.Errorf("re-acquired %s after the failed release, want within one TTL (%s)", d, ttl)
 	}
 	e.Check(again.Token() > le.Token(), "re-acquired token %d not above %d", again.Token(), le.Token())
-	if err := again.Release(ctx); err != nil {
-		e.T.Errorf("release after re-acquire: %v", err)
-	}
+	e.CheckErr(again.Release(ctx), "release after re-acquire")
 	if hs := holders(e, l, "k"); len(hs) != 0 {
 		e.T.Errorf("rows left: %v", hs)
 	}
@@ -246,9 +228,7 @@ func h8NoRenewalAfterRelease(e *Env) {
 		e.T.Logf("a renewal was sent before Release returned (%d statements)", released-before)
 	}
 	e.Check(after == released, "%d renewal statements reached the database after Release returned", after-released)
-	if err := renewDB.PingContext(ctx); err != nil {
-		e.T.Errorf("renew pool unusable afterwards: %v", err)
-	}
+	e.CheckErr(renewDB.PingContext(ctx), "renew pool unusable afterwards")
 	if again, err := l.TryAcquire(ctx, "k", lock.Exclusive); err != nil {
 		e.T.Errorf("re-acquire: %v", err)
 	} else {

@@ -227,9 +227,7 @@ func h1RemainingIsTrustedWindow(e *Env) {
 		e.T.Errorf("renewal moved the end of the trusted window by %s, want about the renewal interval %s or more", moved, interval)
 	}
 	e.Must(le.Err(), "lease ended")
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 	if r := le.Remaining(); r != 0 {
 		e.T.Errorf("Remaining after Release = %s, want 0", r)
 	}
@@ -293,9 +291,7 @@ func h2TransientErrorKeepsLease(e *Env) {
 	time.Sleep(ttl / 2)
 	e.Must(le.Err(), "one transient renewal error (%v) lost the lease", transient)
 	lcLiveInDatabase(e, l, le)
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 }
 
 // h2RenewalRetriesBackOff: renewals that fail with a transient error eight
@@ -340,15 +336,11 @@ func h2RenewalRetriesBackOff(e *Env) {
 	e.Require(Eventually(ttl, func() bool { return le.Expiry().After(exp) }), "no renewal succeeded after %d transient failures; lease err: %v", failures, le.Err())
 	e.Must(le.Err(), "%d transient renewal failures within the window lost the lease", failures)
 	lcLiveInDatabase(e, l, le)
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 	// The next operation works: the key is free again.
 	le2, err := l.TryAcquire(ctx, "h2/backoff", lock.Exclusive)
 	e.Must(err, "acquire after the release")
-	if err := le2.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le2.Release(ctx), "release")
 }
 
 // h2OversizedBatchSplit: renewal statements that carry more than about 40
@@ -498,9 +490,7 @@ func h2LostReplySettled(e *Env) {
 	e.Must(le.Err(), "a renewal whose reply was lost lost the lease")
 	hs := holders(e, l, "k")
 	e.Check(len(hs) == 1 && hs[0].LeaseID == le.LeaseID() && hs[0].Token == le.Token(), "want exactly our lease (token %d) in the database, got %v", le.Token(), hs)
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release of the kept lease: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release of the kept lease")
 }
 
 func h3DeletedRowSignalsLoss(e *Env) {
@@ -578,9 +568,7 @@ func h7NotStarvedByFullPool(e *Env) {
 		e.T.Errorf("expiry moved only %s in 3 TTLs: renewals starved", moved)
 	}
 	_ = conn.Close()
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 }
 
 func h7HangingRenewalAbandoned(e *Env) {
@@ -603,7 +591,5 @@ func h7HangingRenewalAbandoned(e *Env) {
 	}
 	time.Sleep(ttl / 2)
 	e.Must(le.Err(), "lease lost after one hanging renewal")
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 }

@@ -105,9 +105,7 @@ func i1BadInputRejected(e *Env) {
 		err = l.Do(ctx, bk.key, lock.Exclusive, fn)
 		inpWantInput(e, what("Do"), err, "key", bk.value)
 	}
-	if err := lock.CheckKey(strings.Repeat("k", lock.MaxKeyLength)); err != nil {
-		e.T.Errorf("a key of exactly MaxKeyLength bytes is allowed: %v", err)
-	}
+	e.CheckErr(lock.CheckKey(strings.Repeat("k", lock.MaxKeyLength)), "a key of exactly MaxKeyLength bytes is allowed")
 	// The message says what the limit is.
 	if _, err := l.TryAcquire(ctx, longKey, lock.Exclusive); err == nil || !strings.Contains(err.Error(), fmt.Sprint(lock.MaxKeyLength)) {
 		e.T.Errorf("the error for a long key should state the limit %d: %v", lock.MaxKeyLength, err)
@@ -165,12 +163,8 @@ func i1BadInputRejected(e *Env) {
 	inpWantInput(e, "RunInTx with a nil database", err, "database", "nil")
 	err = le.RunInTx(ctx, e.DB, nil, nil)
 	inpWantInput(e, "RunInTx with a nil function", err, "function", "nil")
-	if err := le.Err(); err != nil {
-		e.T.Errorf("bad arguments ended the lease: %v", err)
-	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Err(), "bad arguments ended the lease")
+	e.CheckErr(le.Release(ctx), "release")
 }
 
 func clipKey(k string) string {

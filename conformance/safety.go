@@ -323,9 +323,7 @@ func s2WaitedGrantUsesStatementTime(e *Env) {
 	// transaction ended and before `after`.
 	clkCheckExpiry(e, fmt.Sprintf("a grant that waited %s for a transaction (an expiry near %s would mean it was computed when its statement began)", waited, clkFmt(start.Add(newTTL))),
 		r.le.Expiry(), ended, after, newTTL)
-	if err := r.le.Err(); err != nil {
-		e.T.Errorf("the new lease ended: %v", err)
-	}
+	e.CheckErr(r.le.Err(), "the new lease ended")
 	if err := old.Err(); !errors.Is(err, lock.ErrLeaseLost) {
 		e.T.Errorf("the orphaned handle should report ErrLeaseLost after its window, got %v", err)
 	}

@@ -87,12 +87,8 @@ func stgCheckSuccessor(e *Env, l *lock.Locker, succ *lock.Lease, what string) {
 	e.T.Helper()
 	hs := keyHolders(e, l, succ.Key())
 	e.Check(len(hs) == 1 && hs[0].LeaseID == succ.LeaseID() && hs[0].Token == succ.Token(), "%s: the successor lease (token %d) should be the only holder of %q, the database has %v", what, succ.Token(), succ.Key(), hs)
-	if err := succ.Err(); err != nil {
-		e.T.Errorf("%s: the successor lease ended: %v", what, err)
-	}
-	if err := succ.Renew(e.Ctx()); err != nil {
-		e.T.Errorf("%s: the successor cannot renew: %v", what, err)
-	}
+	e.CheckErr(succ.Err(), "%s: the successor lease ended", what)
+	e.CheckErr(succ.Renew(e.Ctx()), "%s: the successor cannot renew", what)
 }
 
 // stgCreateWrites creates the case table "s4_writes".
@@ -124,12 +120,8 @@ func s4StaleHandleAfterTakeover(e *Env) {
 		err = stale.Release(ctx)
 		e.Check(errors.Is(err, lock.ErrNotHeld), "release of the stale handle: want ErrNotHeld, got %v", err)
 		stgCheckSuccessor(e, b, succ, "after the stale handle acted")
-		if err := stgFencedWrite(e, succ, "successor "+mode.String()); err != nil {
-			e.T.Errorf("fenced write of the successor: %v", err)
-		}
-		if err := succ.Release(ctx); err != nil {
-			e.T.Errorf("release of the successor: %v", err)
-		}
+		e.CheckErr(stgFencedWrite(e, succ, "successor "+mode.String()), "fenced write of the successor")
+		e.CheckErr(succ.Release(ctx), "release of the successor")
 	}
 	w := stgWrites(e)
 	slices.Sort(w)
@@ -176,9 +168,7 @@ func s4StaleHandleAfterRowDeleted(e *Env) {
 				}
 			}
 			stgCheckSuccessor(e, b, succ, what)
-			if err := succ.Release(ctx); err != nil {
-				e.T.Errorf("%s: release of the successor: %v", what, err)
-			}
+			e.CheckErr(succ.Release(ctx), "%s: release of the successor", what)
 		}
 	}
 	if w := stgWrites(e); len(w) != 0 {
@@ -267,9 +257,7 @@ func s5OtherKeyHeldNeverBlocks(e *Env) {
 				e.T.Errorf("%s %q while other keys are held or awaited: %v", mode, key, err)
 				continue
 			}
-			if err := le.Release(ctx); err != nil {
-				e.T.Errorf("release %q: %v", key, err)
-			}
+			e.CheckErr(le.Release(ctx), "release %q", key)
 		}
 	}
 }
@@ -359,9 +347,7 @@ func s5OtherKeyTransactionDoesNotDelay(e *Env) {
 	time.Sleep(time.Until(opened.Add(hold)))
 	stopBusy()
 	e.Must(tx.Rollback(), "rollback")
-	if err := <-takeover; err != nil {
-		e.T.Errorf("takeover of B after its fenced transaction ended: %v", err)
-	}
+	e.CheckErr(<-takeover, "takeover of B after its fenced transaction ended")
 	e.Check(stillWaiting, "the takeover of B did not wait for the fenced transaction on B (SPEC F1); the case could not hold B's per-key lock")
 	e.T.Logf("%d rounds of operations on A while B's transactions stayed open", rounds)
 	for _, s := range slow {

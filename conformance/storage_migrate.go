@@ -113,12 +113,8 @@ func d1MigrateUpIsIdempotent(e *Env) {
 	if hs := keyHolders(e, l, "d1/k"); len(hs) != 1 || hs[0].Token != le.Token() {
 		e.T.Errorf("the lease should survive migrate.Up, the database has %v", hs)
 	}
-	if err := le.Renew(ctx); err != nil {
-		e.T.Errorf("renew after migrate.Up: %v", err)
-	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Renew(ctx), "renew after migrate.Up")
+	e.CheckErr(le.Release(ctx), "release")
 }
 
 // stgNewLockerIn builds a Locker in ns with the Config's constructor.
@@ -204,9 +200,7 @@ func d1ConcurrentMigrate(e *Env) {
 		})
 	}
 	wg.Wait()
-	if err := wait(); err != nil {
-		e.T.Errorf("migrate.Up in a child process: %v", err)
-	}
+	e.CheckErr(wait(), "migrate.Up in a child process")
 	seen := map[string]int{}
 	for _, n := range applied {
 		seen[n]++
@@ -228,9 +222,7 @@ func d1ConcurrentMigrate(e *Env) {
 	if _, err := e.NewLocker(nil).TryAcquire(ctx, "d1/k", lock.Exclusive); err != nil {
 		e.T.Errorf("the same key in another namespace should be independent: %v", err)
 	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 }
 
 // d1DropLeavesNothing: migrate.Drop reverts every applied migration, drops
@@ -275,7 +267,5 @@ func d1DropLeavesNothing(e *Env) {
 	l2 := e.NewLocker(nil)
 	le, err := l2.TryAcquire(ctx, "d1/drop", lock.Exclusive)
 	e.Require(err == nil, "acquire after drop and up: %v (the dropped lease is still there?)", err)
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 }

@@ -85,12 +85,8 @@ func d3BadSchemaAndPrefixRejected(e *Env) {
 	if !Eventually(5*time.Second, func() bool { return len(keyHolders(e, long, "d3/k")) == 2 }) {
 		e.T.Errorf("the waiting writer left no marker: %v", keyHolders(e, long, "d3/k"))
 	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release with a %d-byte prefix while a writer waits: %v", len(ns.Prefix), err)
-	}
-	if err := <-granted; err != nil {
-		e.T.Errorf("the waiting writer with a %d-byte prefix: %v", len(ns.Prefix), err)
-	}
+	e.CheckErr(le.Release(ctx), "release with a %d-byte prefix while a writer waits", len(ns.Prefix))
+	e.CheckErr(<-granted, "the waiting writer with a %d-byte prefix", len(ns.Prefix))
 }
 
 // d3KeysAreBoundAndByteExact: keys full of SQL metacharacters are plain keys;
@@ -170,9 +166,7 @@ func d3KeysAreBoundAndByteExact(e *Env) {
 	}
 	// Release all; the injected statements did nothing.
 	for k, le := range leases {
-		if err := le.Release(ctx); err != nil {
-			e.T.Errorf("release %q: %v", k, err)
-		}
+		e.CheckErr(le.Release(ctx), "release %q", k)
 	}
 	if _, err := e.DB.ExecContext(ctx, "INSERT INTO "+victim+" (x) VALUES (1)"); err != nil {
 		e.T.Errorf("the case's table is damaged: %v", err)

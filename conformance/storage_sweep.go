@@ -184,9 +184,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 	e.Require(Eventually(10*time.Second, func() bool {
 		var now time.Time
 		hs, now, err = l.Holders(ctx, "d2/exp/")
-		if err != nil {
-			e.T.Fatalf("holders: %v", err)
-		}
+		e.Must(err, "holders")
 		for _, h := range hs {
 			if h.Expiry.After(now) {
 				return false
@@ -221,9 +219,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 	}
 	stopWaiter()
 	wwg.Wait()
-	if err := live.Release(ctx); err != nil {
-		e.T.Errorf("release of the live lease: %v", err)
-	}
+	e.CheckErr(live.Release(ctx), "release of the live lease")
 	// Nothing is live now. A dialect may keep short-lived bookkeeping of a
 	// waiter that just gave up (a marker, a watch) until it expires: sweep
 	// until the tables are empty, for a bounded time.
@@ -341,12 +337,8 @@ func d2SweepSparesLiveLeasesAndMarkers(e *Env) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := r.Err(); err != nil {
-		e.T.Errorf("the renewing reader lost its lease while sweepers ran: %v", err)
-	}
-	if err := r.Release(ctx); err != nil {
-		e.T.Errorf("release of the reader (its row must not have been swept): %v", err)
-	}
+	e.CheckErr(r.Err(), "the renewing reader lost its lease while sweepers ran")
+	e.CheckErr(r.Release(ctx), "release of the reader (its row must not have been swept)")
 	var w *lock.Lease
 	select {
 	case w = <-granted:
@@ -358,12 +350,8 @@ func d2SweepSparesLiveLeasesAndMarkers(e *Env) {
 	swept := stop1() + stop2()
 	wg.Wait()
 	if w != nil {
-		if err := w.Err(); err != nil {
-			e.T.Errorf("the writer lost its lease while sweepers ran: %v", err)
-		}
-		if err := w.Release(ctx); err != nil {
-			e.T.Errorf("release of the writer (its row must not have been swept): %v", err)
-		}
+		e.CheckErr(w.Err(), "the writer lost its lease while sweepers ran")
+		e.CheckErr(w.Release(ctx), "release of the writer (its row must not have been swept)")
 	}
 	e.T.Logf("%d probes refused; sweepers removed %d expired rows meanwhile", probes, swept)
 	e.Check(swept != 0, "the sweepers removed nothing; the case did not exercise them")

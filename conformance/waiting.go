@@ -424,14 +424,10 @@ func w1SharedHoldersRenew(e *Env) {
 	hs, now, err := w.Holders(ctx, key)
 	e.Must(err, "holders")
 	for i, r := range readers {
-		if err := r.Err(); err != nil {
-			e.T.Errorf("reader %d lost its lease while a writer waited %s: %v", i, waited.Round(time.Millisecond), err)
-		}
+		e.CheckErr(r.Err(), "reader %d lost its lease while a writer waited %s", i, waited.Round(time.Millisecond))
 		live := slices.ContainsFunc(hs, func(h lock.Holder) bool { return h.LeaseID == r.LeaseID() && h.Expiry.After(now) })
 		e.Check(live, "reader %d: lease not live in the database after the writer waited: %v", i, hs)
-		if err := r.Renew(ctx); err != nil {
-			e.T.Errorf("reader %d: renew: %v", i, err)
-		}
+		e.CheckErr(r.Renew(ctx), "reader %d: renew", i)
 	}
 	if moved := readers[0].Expiry().Sub(first); moved < wait-2*ttl {
 		e.T.Errorf("reader expiry moved %s while the writer waited %s: not renewed", moved, waited.Round(time.Millisecond))

@@ -194,9 +194,7 @@ func w6ArrivalOrder(e *Env) {
 		return qerr == nil && len(queue) == len(w6Modes)
 	})
 	arrived := time.Now()
-	if err := held.Release(ctx); err != nil {
-		e.T.Errorf("holder release: %v", err)
-	}
+	e.CheckErr(held.Release(ctx), "holder release")
 	cerr := wait()
 	e.Require(queued, "%d of %d waiters queued (err %v); children: %v", len(queue), len(w6Modes), qerr, cerr)
 	e.Require(cerr == nil, "waiters: %v", cerr)
@@ -463,9 +461,7 @@ func w6DifferentKeys(e *Env) {
 			results[i] = result{le, err}
 			if err == nil {
 				time.Sleep(100 * time.Millisecond)
-				if err := le.Release(ctx); err != nil {
-					e.T.Errorf("release A: %v", err)
-				}
+				e.CheckErr(le.Release(ctx), "release A")
 			}
 		})
 	}
@@ -542,7 +538,5 @@ func w6Capability(e *Env) {
 		le, err = l.TryAcquire(ctx, "w6/cap", lock.Exclusive)
 	}
 	e.Must(err, "acquire")
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 }

@@ -153,9 +153,7 @@ func w5ManyReaders(e *Env) {
 	}
 	x, err := l.TryAcquire(ctx, key, lock.Exclusive)
 	e.Must(err, "same Locker, exclusive after all its readers released")
-	if err := x.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(x.Release(ctx), "release")
 }
 
 // w5WriterBetweenReaders: while 32 readers of one Locker hold a key, a
@@ -300,9 +298,7 @@ func w5Refused(e *Env) {
 	e.Must(err, "second shared of one Locker (SPEC W5)")
 	e.Check(s1.LeaseID() != s2.LeaseID() && s1.Token() != s2.Token(), "two shared leases share lease ID or token: %s/%d, %s/%d", s1.LeaseID(), s1.Token(), s2.LeaseID(), s2.Token())
 	refused("held shared", heldKey, lock.Exclusive)
-	if err := l.Do(ctx, heldKey, lock.Shared, func(context.Context, *lock.Lease) error { return nil }, lock.WaitTimeout(5*time.Second)); err != nil {
-		e.T.Errorf("held shared: Do shared: %v", err)
-	}
+	e.CheckErr(l.Do(ctx, heldKey, lock.Shared, func(context.Context, *lock.Lease) error { return nil }, lock.WaitTimeout(5*time.Second)), "held shared: Do shared")
 
 	// Waiting shared (behind another Locker's exclusive holder): another
 	// shared acquire waits like any reader (ErrLocked after its wait
@@ -344,9 +340,7 @@ func w5Refused(e *Env) {
 	if wr.err != nil {
 		e.T.Fatalf("waiting shared acquire: %v", wr.err)
 	}
-	if err := wr.le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(wr.le.Release(ctx), "release")
 
 	// Held exclusive: both modes refused.
 	const xKey = "w5/refused/held-exclusive"
@@ -377,9 +371,7 @@ func w5Refused(e *Env) {
 	if wr.err != nil {
 		e.T.Fatalf("waiting exclusive acquire: %v", wr.err)
 	}
-	if err := wr.le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(wr.le.Release(ctx), "release")
 
 	// Releasing one of two shared leases keeps the key held: exclusive is
 	// still refused; after the last one it is granted.

@@ -93,9 +93,7 @@ func w7AdmitsAtMostN(e *Env) {
 			e.T.Errorf("shared acquire with %d options beside %d holders: %v (each request counts against its own limit)", len(opts), n, err)
 			continue
 		}
-		if err := le.Release(ctx); err != nil {
-			e.T.Errorf("release: %v", err)
-		}
+		e.CheckErr(le.Release(ctx), "release")
 	}
 	e.Must(held[1].Release(ctx), "release")
 	le, err = ls[n].TryAcquire(ctx, key, lock.Shared, lock.Limit(n))
@@ -103,9 +101,7 @@ func w7AdmitsAtMostN(e *Env) {
 	if le.Token() <= held[n-1].Token() {
 		e.T.Errorf("token %d after the release, not greater than %d (SPEC S3)", le.Token(), held[n-1].Token())
 	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 }
 
 // w7Stress: 10 contenders (3 in each of 2 child processes, 4 in this one,
@@ -297,9 +293,7 @@ func w7WriterNotStarved(e *Env) {
 	defer func() {
 		close(stop)
 		wg.Wait()
-		if err := joinErrs(errs); err != nil {
-			e.T.Errorf("stream: %v", err)
-		}
+		e.CheckErr(joinErrs(errs), "stream")
 	}()
 	e.Require(Eventually(10*time.Second, func() bool { return grants.Load() >= 8 }), "the stream got %d grants in 10 s", grants.Load())
 	w := e.NewLocker(nil, lock.WithOwner("w7-writer"), lock.WithMaxBackoff(50*time.Millisecond))
@@ -314,9 +308,7 @@ func w7WriterNotStarved(e *Env) {
 		e.T.Errorf("while the writer holds: %d live shared leases (err %v), want none (SPEC S1)", len(live), err)
 	}
 	before := grants.Load()
-	if err := x.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(x.Release(ctx), "release")
 	e.Check(Eventually(10*time.Second, func() bool { return grants.Load() > before }), "the stream got no grant after the writer released")
 	e.T.Logf("writer waited %s behind a stream of %d semaphore grants", waited, before)
 }
@@ -392,9 +384,7 @@ func w7FIFO(e *Env) {
 	}
 	a, x, b := ws[0], ws[1], ws[2]
 	release := func(le *lock.Lease) {
-		if err := le.Release(ctx); err != nil {
-			e.T.Errorf("release: %v", err)
-		}
+		e.CheckErr(le.Release(ctx), "release")
 	}
 	release(held[0])
 	la := granted(a)
@@ -472,7 +462,5 @@ func w7Support(e *Env) {
 		le, err = l.TryAcquire(ctx, key, lock.Shared)
 	}
 	e.Must(err, "acquire")
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 }
