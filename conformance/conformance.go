@@ -402,6 +402,24 @@ func (e *Env) Go(wg *sync.WaitGroup, f func()) {
 	}()
 }
 
+// MustTryAcquire is l.TryAcquire on the case's context; it fails the case at
+// once unless the lease is granted.
+func (e *Env) MustTryAcquire(l *lock.Locker, key string, mode lock.Mode, opts ...lock.AcquireOption) *lock.Lease {
+	e.T.Helper()
+	le, err := l.TryAcquire(e.Ctx(), key, mode, opts...)
+	e.Must(err, "try acquire %q (%s) as %q", key, mode, l.Owner())
+	return le
+}
+
+// MustAcquire is l.Acquire on the case's context (waiting as opts say); it
+// fails the case at once unless the lease is granted.
+func (e *Env) MustAcquire(l *lock.Locker, key string, mode lock.Mode, opts ...lock.AcquireOption) *lock.Lease {
+	e.T.Helper()
+	le, err := l.Acquire(e.Ctx(), key, mode, opts...)
+	e.Must(err, "acquire %q (%s) as %q", key, mode, l.Owner())
+	return le
+}
+
 // holders returns the lease rows of the keys starting with prefix (all
 // modes, live or not), failing the case on error.
 func holders(e *Env, l *lock.Locker, prefix string) []lock.Holder {

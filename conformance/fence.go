@@ -313,15 +313,13 @@ func f2StaleTokenRejected(e *Env) {
 	const key = "f2/token"
 	l1 := e.NewLocker(nil, lock.WithTTL(300*time.Millisecond))
 	l2 := e.NewLocker(nil, lock.WithMaxBackoff(20*time.Millisecond))
-	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
-	e.Must(err, "acquire")
+	x := e.MustTryAcquire(l1, key, lock.Exclusive)
 	ext := e.OpenDB() // the "other" resource: written without a fence
 	if _, err := g.inc(ctx, ext, x.Token()); err != nil {
 		e.T.Fatalf("first holder's write: %v", err)
 	}
 	x.Orphan() // the first holder pauses and loses the lease
-	y, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
-	e.Must(err, "takeover")
+	y := e.MustAcquire(l2, key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
 	defer y.Release(ctx)
 	e.Require(y.Token() > x.Token(), "successor token %d not above %d", y.Token(), x.Token())
 	if _, err := g.inc(ctx, ext, y.Token()); err != nil {
@@ -450,8 +448,7 @@ func (c f1Fence) run(e *Env) {
 	ctx := e.Ctx()
 	g := newGuarded(e)
 	l1, l2 := e.NewLocker(nil, c.fenced...), e.NewLocker(nil, c.takeover...)
-	x, err := l1.TryAcquire(ctx, c.key, lock.Exclusive)
-	e.Must(err, "acquire")
+	x := e.MustTryAcquire(l1, c.key, lock.Exclusive)
 	tx, err := e.DB.BeginTx(ctx, nil)
 	e.Must(err, "begin")
 	defer tx.Rollback()

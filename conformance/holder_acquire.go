@@ -141,8 +141,7 @@ func h6DoneContextTakesNothing(e *Env) {
 	if hs := holders(e, l, ""); len(hs) != 0 {
 		e.T.Errorf("a done context took something: %v", hs)
 	}
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire after refused ones")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	_ = le.Release(ctx)
 }
 
@@ -163,8 +162,7 @@ func h6CloseEndsWaitingAcquires(e *Env) {
 	}
 	var held []*lock.Lease
 	for _, k := range keys {
-		le, err := other.TryAcquire(ctx, k, lock.Exclusive)
-		e.Must(err, "acquire %q", k)
+		le := e.MustTryAcquire(other, k, lock.Exclusive)
 		held = append(held, le)
 	}
 	type result struct {

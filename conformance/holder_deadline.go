@@ -49,8 +49,7 @@ func h9WriteLockHeld(e *Env) {
 	h9AcquireBothWays(e, l, "the application holds the write lock")
 	e.Must(tx.Commit(), "application commit")
 	h9NoRowsOf(e, l, l.Owner(), "after the application committed", false)
-	got, err := l.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(2*time.Second))
-	e.Must(err, "acquire after the application committed")
+	got := e.MustAcquire(l, "k", lock.Exclusive, lock.WaitTimeout(2*time.Second))
 	_ = got.Release(ctx)
 }
 
@@ -159,8 +158,7 @@ func h9HungStatement(e *Env) {
 	// nothing of the abandoned attempts outlives one TTL.
 	time.Sleep(ttl)
 	h9NoRowsOf(e, l, l.Owner(), "one TTL after the abandoned acquires", true)
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire after the hang ended")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	_ = le.Release(ctx)
 }
 
@@ -177,8 +175,7 @@ func h9TakeoverBlocked(e *Env) {
 	const ttl, holderTTL = 300 * time.Millisecond, time.Second
 	holder := e.NewLocker(e.OpenDB(), lock.WithTTL(holderTTL))
 	contender := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithOwner("contender"))
-	le, err := holder.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(holder, "k", lock.Exclusive)
 	tx, err := holder.DB().BeginTx(ctx, nil)
 	e.Must(err, "begin")
 	defer tx.Rollback()
@@ -194,8 +191,7 @@ func h9TakeoverBlocked(e *Env) {
 	_ = tx.Rollback()
 	time.Sleep(ttl + ttl/2)
 	h9NoRowsOf(e, contender, contender.Owner(), "one TTL after the contender gave up", true)
-	got, err := contender.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(2*time.Second))
-	e.Must(err, "acquire after the fenced transaction ended")
+	got := e.MustAcquire(contender, "k", lock.Exclusive, lock.WaitTimeout(2*time.Second))
 	_ = got.Release(ctx)
 }
 
@@ -209,8 +205,7 @@ func h9ConnectionsCut(e *Env) {
 	holder := e.NewLocker(e.OpenDB(), lock.WithTTL(ttl))
 	// Frequent polls, so that many of the contender's statements are cut.
 	contender := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithMaxBackoff(50*time.Millisecond))
-	le, err := holder.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(holder, "k", lock.Exclusive)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var cuts atomic.Int64 // statements that lost their reply and connection

@@ -43,10 +43,8 @@ func h3ForceRelease(e *Env) {
 	const key = "force/k"
 	g := newGuarded(e)
 	op, hl, other := e.NewLocker(nil, lock.WithTTL(frTTL)), e.NewLocker(nil, lock.WithTTL(frTTL)), e.NewLocker(nil, lock.WithTTL(frTTL))
-	x, err := hl.TryAcquire(ctx, key, lock.Exclusive)
-	e.Must(err, "acquire")
-	neighbour, err := other.TryAcquire(ctx, key+"2", lock.Exclusive)
-	e.Must(err, "acquire neighbour")
+	x := e.MustTryAcquire(hl, key, lock.Exclusive)
+	neighbour := e.MustTryAcquire(other, key+"2", lock.Exclusive)
 	if _, err := op.ForceRelease(ctx, ""); !errors.Is(err, lock.ErrInvalidInput) {
 		e.T.Errorf("ForceRelease of an empty key = %v, want ErrInvalidInput", err)
 	}
@@ -67,14 +65,12 @@ func h3ForceRelease(e *Env) {
 	e.Check(!called, "RunInTx ran the function of a force-released lease")
 	g.expect(e, "after the force-released holder's fenced write", 0, 0)
 	lcLiveInDatabase(e, other, neighbour)
-	y, err := other.TryAcquire(ctx, key, lock.Exclusive)
-	e.Must(err, "acquire after the forced release")
+	y := e.MustTryAcquire(other, key, lock.Exclusive)
 	e.Check(y.Token() > x.Token(), "next grant has token %d, want greater than the removed lease's %d (SPEC S3)", y.Token(), x.Token())
 	e.Must(y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)), "successor's fenced write")
 	g.expect(e, "after the successor's write", 1, y.Token())
 	e.Must(y.Release(ctx), "release")
-	again, err := hl.TryAcquire(ctx, key, lock.Exclusive)
-	e.Must(err, "the force-released holder's Locker acquires again")
+	again := e.MustTryAcquire(hl, key, lock.Exclusive)
 	// The operator's Locker holding the lease itself knows at once.
 	removed, err = hl.ForceRelease(ctx, key)
 	e.Must(err, "force release of the Locker's own lease")
@@ -102,10 +98,8 @@ func w1ForceReleaseKeepsWaiters(e *Env) {
 	a, b := e.NewLocker(nil, lock.WithTTL(frTTL)), e.NewLocker(nil, lock.WithTTL(frTTL))
 	w := e.NewLocker(nil, lock.WithTTL(frTTL), lock.WithOwner("force-writer"), lock.WithMaxBackoff(50*time.Millisecond))
 	op := e.NewLocker(nil, lock.WithTTL(frTTL))
-	s1, err := a.TryAcquire(ctx, key, lock.Shared)
-	e.Must(err, "reader 1")
-	s2, err := b.TryAcquire(ctx, key, lock.Shared)
-	e.Must(err, "reader 2")
+	s1 := e.MustTryAcquire(a, key, lock.Shared)
+	s2 := e.MustTryAcquire(b, key, lock.Shared)
 	type result struct {
 		le  *lock.Lease
 		err error

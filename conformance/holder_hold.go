@@ -39,8 +39,7 @@ func h10TakenUntil(e *Env, key string, until time.Time, local time.Time, token i
 		e.Require(errors.Is(err, lock.ErrLocked), "try acquire during the hold: %v, want ErrLocked", err)
 		time.Sleep(50 * time.Millisecond)
 	}
-	le, err := other.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(time.Until(local)+2*lcSlack))
-	e.Must(err, "acquire after the hold")
+	le := e.MustAcquire(other, key, lock.Exclusive, lock.WaitTimeout(time.Until(local)+2*lcSlack))
 	e.Check(!le.GrantedAt().Before(until), "granted at %s (database time), before the hold's end %s", le.GrantedAt().Format(time.StampMicro), until.Format(time.StampMicro))
 	if late := le.GrantedAt().Sub(until); late > lcSlack {
 		e.T.Errorf("granted %s after the hold's end, want within %s", late, lcSlack)
@@ -81,8 +80,7 @@ func h10HoldKeptThroughClose(e *Env) {
 	const hold = 1 * time.Second
 	l := e.NewLocker(nil, lock.WithTTL(2*time.Second))
 	start := time.Now()
-	le, err := l.TryAcquire(ctx, "h10/close", lock.Exclusive, lock.HoldAtLeast(hold))
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "h10/close", lock.Exclusive, lock.HoldAtLeast(hold))
 	e.Must(l.Close(ctx), "close")
 	h10TakenUntil(e, "h10/close", le.GrantedAt().Add(hold), start.Add(hold), le.Token())
 }
@@ -92,16 +90,14 @@ func h10HoldKeptThroughClose(e *Env) {
 func h10ReleaseAfterMinimum(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithTTL(2*time.Second))
-	le, err := l.TryAcquire(ctx, "h10/after", lock.Exclusive, lock.HoldAtLeast(300*time.Millisecond))
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "h10/after", lock.Exclusive, lock.HoldAtLeast(300*time.Millisecond))
 	time.Sleep(400 * time.Millisecond)
 	e.Must(le.Release(ctx), "release after the minimum")
 	if hs := holders(e, l, "h10/after"); len(hs) != 0 {
 		e.T.Errorf("rows left after a release past the minimum: %v", hs)
 	}
 	other := e.NewLocker(nil)
-	again, err := other.TryAcquire(ctx, "h10/after", lock.Exclusive)
-	e.Must(err, "try acquire right after the release")
+	again := e.MustTryAcquire(other, "h10/after", lock.Exclusive)
 	e.CheckErr(again.Release(ctx), "release")
 }
 
@@ -218,11 +214,10 @@ func h10FailedHold(e *Env) {
 	ctx := e.Ctx()
 	const ttl, hold = 900 * time.Millisecond, 10 * time.Second
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithReleaseTimeout(300*time.Millisecond))
-	le, err := l.TryAcquire(ctx, "h10/failed", lock.Exclusive, lock.HoldAtLeast(hold))
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "h10/failed", lock.Exclusive, lock.HoldAtLeast(hold))
 	renew := lcRendered(e, "Renew", e.Dialect.Statements().Renew)
 	remove := e.Faults.Add(faultdb.Rule{Match: renew, Action: faultdb.Fail, Err: lcTransientError(e)})
-	err = le.Release(ctx)
+	err := le.Release(ctx)
 	remove()
 	e.Check(err != nil && !errors.Is(err, lock.ErrNotHeld), "release whose hold fails until its deadline = %v, want the failure", err)
 	e.Check(errors.Is(le.Err(), lock.ErrReleased), "lease after a failed hold: %v, want ErrReleased", le.Err())

@@ -27,8 +27,7 @@ func h5ReleaseWithCancelledContext(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithTTL(5*time.Second))
 	other := e.NewLocker(nil, lock.WithTTL(5*time.Second))
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	e.Must(le.Release(cancelled), "release with a cancelled context")
@@ -41,8 +40,7 @@ func h5ReleaseWithCancelledContext(e *Env) {
 	// Idempotent.
 	e.CheckErr(le.Release(ctx), "second release")
 	e.CheckErr(le.Release(cancelled), "third release")
-	o, err := other.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "key not free after release")
+	o := e.MustTryAcquire(other, "k", lock.Exclusive)
 	e.CheckErr(le.Release(ctx), "release after the key was granted again")
 	if hs := holders(e, l, "k"); len(hs) != 1 || hs[0].LeaseID != o.LeaseID() {
 		e.T.Errorf("a repeated release touched the next holder: %v", hs)
@@ -66,11 +64,10 @@ func h5ReleaseHangingBounded(e *Env) {
 	const ttl, releaseTimeout = 900 * time.Millisecond, 300 * time.Millisecond
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithReleaseTimeout(releaseTimeout))
 	other := e.NewLocker(e.OpenDB(), lock.WithTTL(ttl))
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	remove := e.Faults.Add(faultdb.Rule{Match: lcRendered(e, "Release", e.Dialect.Statements().Release), Action: faultdb.Hang})
 	start := time.Now()
-	err = le.Release(ctx)
+	err := le.Release(ctx)
 	took := time.Since(start)
 	remove()
 	e.Check(err != nil && !errors.Is(err, lock.ErrNotHeld), "release against a hanging database = %v, want its failure", err)
@@ -104,11 +101,9 @@ func h5ReleaseAfterTakeover(e *Env) {
 	const ttl = 600 * time.Millisecond
 	a := e.NewLocker(nil, lock.WithTTL(ttl))
 	b := e.NewLocker(nil, lock.WithTTL(ttl))
-	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	la := e.MustTryAcquire(a, "k", lock.Exclusive)
 	la.Orphan()
-	lb, err := b.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(2*ttl+lcSlack))
-	e.Must(err, "takeover")
+	lb := e.MustAcquire(b, "k", lock.Exclusive, lock.WaitTimeout(2*ttl+lcSlack))
 	if err := la.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		e.T.Errorf("release of a lease taken over = %v, want ErrNotHeld", err)
 	}
@@ -145,20 +140,18 @@ func (e *Env) faultPool(max int) *sql.DB {
 func h8TransientReleaseErrorsRetried(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithTTL(2*time.Second))
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	release := lcRendered(e, "Release", e.Dialect.Statements().Release)
 	// Only a retry can succeed: the first four attempts fail.
 	remove := e.Faults.Add(faultdb.Rule{Match: release, Action: faultdb.Fail, Err: lcTransientError(e), Times: 4})
-	err = le.Release(ctx)
+	err := le.Release(ctx)
 	remove()
 	e.Require(err == nil, "release with 4 transient failures = %v, want retried to success", err)
 	if hs := holders(e, l, "k"); len(hs) != 0 {
 		e.T.Errorf("rows left after a retried release: %v", hs)
 	}
 	e.Check(errors.Is(context.Cause(le.Context()), lock.ErrReleased), "lease context cause %v, want ErrReleased", context.Cause(le.Context()))
-	again, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "re-acquire from the same locker after the release")
+	again := e.MustTryAcquire(l, "k", lock.Exclusive)
 	e.CheckErr(again.Release(ctx), "release")
 }
 
@@ -170,12 +163,11 @@ func h8FailedReleaseThenReacquire(e *Env) {
 	ctx := e.Ctx()
 	const ttl, releaseTimeout = 900 * time.Millisecond, 300 * time.Millisecond
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithReleaseTimeout(releaseTimeout))
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	release := lcRendered(e, "Release", e.Dialect.Statements().Release)
 	remove := e.Faults.Add(faultdb.Rule{Match: release, Action: faultdb.Fail, Err: lcTransientError(e)})
 	start := time.Now()
-	err = le.Release(ctx)
+	err := le.Release(ctx)
 	took := time.Since(start)
 	e.Check(err != nil && !errors.Is(err, lock.ErrNotHeld), "release failing until its deadline = %v, want the failure", err)
 	e.Check(took <= releaseTimeout+lcSlack, "failing release took %s, want about the release timeout %s", took, releaseTimeout)
@@ -204,8 +196,7 @@ func h8NoRenewalAfterRelease(e *Env) {
 	const ttl = 900 * time.Millisecond
 	renewDB := e.faultPool(1)
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewDB(renewDB))
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	conn, err := renewDB.Conn(ctx)
 	e.Must(err, "take the renew pool's connection")
 	var one int
@@ -243,20 +234,18 @@ func h8NoRenewalAfterRelease(e *Env) {
 func h8ReleaseOfGoneLeaseMarksLost(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithTTL(3*time.Second))
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	holders := e.Namespace.Object(e.Dialect, "holders")
 	if _, err := e.DB.ExecContext(ctx, "DELETE FROM "+holders+" WHERE lease_id = "+e.Dialect.Placeholder(1), le.LeaseID()); err != nil {
 		e.T.Fatalf("delete lease row: %v", err)
 	}
-	err = le.Release(ctx)
+	err := le.Release(ctx)
 	e.Check(errors.Is(err, lock.ErrNotHeld), "release of a deleted lease = %v, want ErrNotHeld", err)
 	wantLost(e, "lease.Err after release found the row gone", le.Err(), le)
 	wantLost(e, "context cause", context.Cause(le.Context()), le)
 	if err := le.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		e.T.Errorf("second release = %v, want ErrNotHeld again (idempotent)", err)
 	}
-	again, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "re-acquire")
+	again := e.MustTryAcquire(l, "k", lock.Exclusive)
 	_ = again.Release(ctx)
 }

@@ -203,8 +203,7 @@ func h1RemainingIsTrustedWindow(e *Env) {
 	defer remove()
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithSafetyMargin(margin))
 	before := time.Now()
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	r0 := le.Remaining()
 	took := time.Since(before)
 	// The window starts when the acquire was sent: after before, before now.
@@ -234,12 +233,10 @@ func h1RemainingIsTrustedWindow(e *Env) {
 }
 
 func h1BlockedRenewalsEndWindow(e *Env) {
-	ctx := e.Ctx()
 	const ttl, margin = time.Second, 100 * time.Millisecond
 	const window = ttl - margin
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithSafetyMargin(margin))
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	// Let one renewal through first, so the window that ends is a renewed one.
 	exp0 := le.Expiry()
 	e.Require(Eventually(window, func() bool { return le.Expiry().After(exp0) }), "no renewal within the trusted window; lease err: %v", le.Err())
@@ -280,8 +277,7 @@ func h2TransientErrorKeepsLease(e *Env) {
 	ctx := e.Ctx()
 	const ttl = 1200 * time.Millisecond
 	l := e.NewLocker(nil, lock.WithTTL(ttl))
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	transient := lcTransientError(e)
 	var hits atomic.Int64
 	lcRenewalFault(e, faultdb.Rule{Action: faultdb.Fail, Err: transient, Times: 1, Hits: &hits})
@@ -314,8 +310,7 @@ func h2RenewalRetriesBackOff(e *Env) {
 			mu.Unlock()
 		}
 	})))
-	le, err := l.TryAcquire(ctx, "h2/backoff", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "h2/backoff", lock.Exclusive)
 	seen := func() []time.Time {
 		mu.Lock()
 		defer mu.Unlock()
@@ -338,8 +333,7 @@ func h2RenewalRetriesBackOff(e *Env) {
 	lcLiveInDatabase(e, l, le)
 	e.CheckErr(le.Release(ctx), "release")
 	// The next operation works: the key is free again.
-	le2, err := l.TryAcquire(ctx, "h2/backoff", lock.Exclusive)
-	e.Must(err, "acquire after the release")
+	le2 := e.MustTryAcquire(l, "h2/backoff", lock.Exclusive)
 	e.CheckErr(le2.Release(ctx), "release")
 }
 
@@ -372,8 +366,7 @@ func h2OversizedBatchSplit(e *Env) {
 		}
 	}()
 	for i := 0; i < leases; i++ {
-		le, err := l.TryAcquire(ctx, fmt.Sprintf("h2/batch/%d", i), lock.Exclusive)
-		e.Must(err, "acquire %d", i)
+		le := e.MustTryAcquire(l, fmt.Sprintf("h2/batch/%d", i), lock.Exclusive)
 		held = append(held, le)
 	}
 	// A lease in a RenewBatch argument is "<32 hex>:<token>" plus JSON
@@ -429,8 +422,7 @@ func h2PersistentFailureLoses(e *Env) {
 	holder := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithSafetyMargin(margin))
 	// The contender has its own pool, out of reach of the faults.
 	contender := e.NewLocker(e.OpenDB(), lock.WithTTL(ttl))
-	le, err := holder.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(holder, "k", lock.Exclusive)
 	transient := lcTransientError(e)
 	t0 := time.Now()
 	endLo := t0.Add(le.Remaining())
@@ -478,8 +470,7 @@ func h2LostReplySettled(e *Env) {
 	const ttl = 1200 * time.Millisecond
 	l := e.NewLocker(nil, lock.WithTTL(ttl))
 	lcWarm(e, e.DB, 3) // the connection that loses the reply is discarded
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	// The renewal's UPDATE commits, its reply is lost.
 	var hits atomic.Int64
 	lcRenewalFault(e, faultdb.Rule{Action: faultdb.DropReply, Err: io.ErrUnexpectedEOF, Times: 1, Hits: &hits})
@@ -549,8 +540,7 @@ func h7NotStarvedByFullPool(e *Env) {
 	renewDB := e.OpenDB()
 	lcWarm(e, renewDB, 2)
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewDB(renewDB))
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	// The application takes the only connection of its pool and keeps it.
 	conn, err := e.DB.Conn(ctx)
 	e.Must(err, "conn")
@@ -577,8 +567,7 @@ func h7HangingRenewalAbandoned(e *Env) {
 	const ttl, renewTimeout = 1500 * time.Millisecond, 200 * time.Millisecond
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewTimeout(renewTimeout))
 	lcWarm(e, e.DB, 3)
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	// One renewal hangs forever (until its own timeout ends it).
 	var hits atomic.Int64
 	lcRenewalFault(e, faultdb.Rule{Action: faultdb.Hang, Times: 1, Hits: &hits})

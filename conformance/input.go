@@ -77,8 +77,7 @@ func i1BadInputRejected(e *Env) {
 	// Through its own pool, so that its renewals are not counted below.
 	other := e.NewLocker(e.OpenDB())
 	// Something in the tables, so "unchanged" is not just "empty".
-	held, err := other.TryAcquire(ctx, "i1/held", lock.Shared)
-	e.Must(err, "")
+	held := e.MustTryAcquire(other, "i1/held", lock.Shared)
 	defer held.Release(ctx)
 	rows := stgRowCount(e, l)
 	writes := e.Faults.Count("")
@@ -124,7 +123,7 @@ func i1BadInputRejected(e *Env) {
 		inpWantInput(e, fmt.Sprintf("Do WaitTimeout(%s)", d), err, "wait timeout", d.String())
 	}
 	//lint:ignore SA1012 a nil context is the bad input under test
-	_, err = l.TryAcquire(nilCtx, "i1/ctx", lock.Exclusive)
+	_, err := l.TryAcquire(nilCtx, "i1/ctx", lock.Exclusive)
 	inpWantInput(e, "TryAcquire with a nil context", err, "context", "nil")
 	_, err = l.Acquire(nilCtx, "i1/ctx", lock.Exclusive)
 	inpWantInput(e, "Acquire with a nil context", err, "context", "nil")
@@ -155,8 +154,7 @@ func i1BadInputRejected(e *Env) {
 	}
 
 	// Bad arguments of a held lease.
-	le, err := l.TryAcquire(ctx, "i1/lease", lock.Exclusive)
-	e.Must(err, "")
+	le := e.MustTryAcquire(l, "i1/lease", lock.Exclusive)
 	err = le.Fence(ctx, nil)
 	inpWantInput(e, "Fence with a nil transaction", err, "transaction", "nil")
 	err = le.RunInTx(ctx, nil, nil, func(context.Context, *sql.Tx) error { return nil })

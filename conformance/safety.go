@@ -26,8 +26,7 @@ func init() {
 func s1ExclusiveExcludesAll(e *Env) {
 	ctx := e.Ctx()
 	a, b := e.NewLocker(nil), e.NewLocker(nil)
-	x, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "first exclusive")
+	x := e.MustTryAcquire(a, "k", lock.Exclusive)
 	for _, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		_, err := b.TryAcquire(ctx, "k", m)
 		var le *lock.LockedError
@@ -35,8 +34,7 @@ func s1ExclusiveExcludesAll(e *Env) {
 		e.Check(len(le.Holders) == 1 && le.Holders[0].Token == x.Token() && le.Holders[0].Mode == lock.Exclusive && le.Holders[0].Owner == a.Owner(), "%s: conflict should name the holder (token %d, owner %q), got %+v", m, x.Token(), a.Owner(), le.Holders)
 	}
 	e.Must(x.Release(ctx), "release")
-	y, err := b.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "exclusive after release")
+	y := e.MustTryAcquire(b, "k", lock.Exclusive)
 	_ = y.Release(ctx)
 }
 
@@ -45,8 +43,7 @@ func s1SharedCoexist(e *Env) {
 	var shared []*lock.Lease
 	for i := 0; i < 3; i++ {
 		l := e.NewLocker(nil)
-		s, err := l.TryAcquire(ctx, "k", lock.Shared)
-		e.Must(err, "shared %d", i)
+		s := e.MustTryAcquire(l, "k", lock.Shared)
 		shared = append(shared, s)
 	}
 	w := e.NewLocker(nil)
@@ -60,8 +57,7 @@ func s1SharedCoexist(e *Env) {
 		e.T.Fatalf("exclusive while 1 shared held: want ErrLocked, got %v", err)
 	}
 	_ = shared[2].Release(ctx)
-	x, err := w.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "exclusive after all shared released")
+	x := e.MustTryAcquire(w, "k", lock.Exclusive)
 	_ = x.Release(ctx)
 }
 
@@ -80,27 +76,22 @@ func s3TokensIncrease(e *Env) {
 		if i%2 == 1 {
 			m = lock.Shared
 		}
-		le, err := l.TryAcquire(ctx, "k", m)
-		e.Must(err, "acquire %d", i)
+		le := e.MustTryAcquire(l, "k", m)
 		check(fmt.Sprintf("after release #%d (%s)", i, m), le)
 		_ = le.Release(ctx)
 	}
 	// Concurrent shared grants: all distinct and increasing in grant order.
-	s1, err := l.TryAcquire(ctx, "k", lock.Shared)
-	e.Must(err, "")
+	s1 := e.MustTryAcquire(l, "k", lock.Shared)
 	check("shared 1", s1)
-	s2, err := other.TryAcquire(ctx, "k", lock.Shared)
-	e.Must(err, "")
+	s2 := e.MustTryAcquire(other, "k", lock.Shared)
 	check("shared 2", s2)
 	_ = s1.Release(ctx)
 	_ = s2.Release(ctx)
 	// Across expiry and takeover.
-	x, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "")
+	x := e.MustTryAcquire(l, "k", lock.Exclusive)
 	check("before expiry", x)
 	x.Orphan()
-	y, err := other.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(5*time.Second))
-	e.Must(err, "takeover")
+	y := e.MustAcquire(other, "k", lock.Exclusive, lock.WaitTimeout(5*time.Second))
 	check("after takeover", y)
 	_ = y.Release(ctx)
 	// Across a sweep: every row of the key is gone (SPEC D2).
@@ -110,8 +101,7 @@ func s3TokensIncrease(e *Env) {
 	if n, err := l.RowCount(ctx); err != nil || n != 0 {
 		e.T.Fatalf("rows left after release and sweep: %d, %v", n, err)
 	}
-	z, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "")
+	z := e.MustTryAcquire(l, "k", lock.Exclusive)
 	check("after sweep", z)
 	// Concurrently on several keys: tokens per key strictly increase.
 	var mu sync.Mutex
@@ -152,8 +142,7 @@ func s3TokensIncrease(e *Env) {
 func s3TokenStable(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithTTL(time.Second))
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	tok, exp := le.Token(), le.Expiry()
 	time.Sleep(1500 * time.Millisecond) // past one TTL: renewed at least once
 	e.Must(le.Err(), "lease ended")
@@ -214,8 +203,7 @@ func s2ExpiryIsDatabaseNowPlusTTL(e *Env) {
 	for _, mode := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		key := "s2/" + mode.String()
 		before := dbNow()
-		le, err := l.TryAcquire(ctx, key, mode)
-		e.Must(err, "acquire %s", mode)
+		le := e.MustTryAcquire(l, key, mode)
 		after := dbNow()
 		clkCheckExpiry(e, "grant "+mode.String(), le.Expiry(), before, after, ttl)
 
@@ -256,8 +244,7 @@ func s2WaitedGrantUsesStatementTime(e *Env) {
 	a := e.NewLocker(nil, lock.WithTTL(oldTTL))
 	b := e.NewLocker(nil, lock.WithTTL(newTTL))
 	dbNow := clkDBClock(e)
-	old, err := a.TryAcquire(ctx, "s2/k", lock.Exclusive)
-	e.Must(err, "acquire")
+	old := e.MustTryAcquire(a, "s2/k", lock.Exclusive)
 	tx, err := e.DB.BeginTx(ctx, nil)
 	e.Must(err, "begin")
 	defer tx.Rollback()
@@ -340,8 +327,7 @@ func s7TokenAtLeastClock(e *Env) {
 	dbNow := clkDBClock(e)
 	for i, m := range []lock.Mode{lock.Exclusive, lock.Shared, lock.Exclusive} {
 		before := dbNow()
-		le, err := l.TryAcquire(ctx, "s7/k", m)
-		e.Must(err, "grant %d (%s)", i, m)
+		le := e.MustTryAcquire(l, "s7/k", m)
 		floor := before.Add(-clkResolution).UnixMicro()
 		e.Check(le.Token() >= floor, "grant %d (%s): token %d is below the database clock before the grant, %s = %d µs since the epoch: a server that lost grants could reissue it (SPEC S7)", i, m, le.Token(), before.UTC().Format(time.RFC3339Nano), before.UnixMicro())
 		e.Must(le.Release(ctx), "release %d", i)

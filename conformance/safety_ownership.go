@@ -109,15 +109,13 @@ func s4StaleHandleAfterTakeover(e *Env) {
 	b := e.NewLocker(nil, lock.WithTTL(10*time.Second))
 	for _, mode := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		key := "s4/takeover/" + mode.String()
-		stale, err := a.TryAcquire(ctx, key, mode)
-		e.Must(err, "acquire")
+		stale := e.MustTryAcquire(a, key, mode)
 		stale.Orphan()
-		succ, err := b.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
-		e.Must(err, "takeover")
+		succ := e.MustAcquire(b, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
 		e.Check(succ.Token() > stale.Token(), "successor token %d not greater than %d", succ.Token(), stale.Token())
 		wantLost(e, "renew of the stale handle", stale.Renew(ctx), stale)
 		wantLost(e, "fenced write of the stale handle", stgFencedWrite(e, stale, "stale "+mode.String()), stale)
-		err = stale.Release(ctx)
+		err := stale.Release(ctx)
 		e.Check(errors.Is(err, lock.ErrNotHeld), "release of the stale handle: want ErrNotHeld, got %v", err)
 		stgCheckSuccessor(e, b, succ, "after the stale handle acted")
 		e.CheckErr(stgFencedWrite(e, succ, "successor "+mode.String()), "fenced write of the successor")
@@ -145,13 +143,11 @@ func s4StaleHandleAfterRowDeleted(e *Env) {
 	for _, op := range []string{"renew", "fence", "release"} {
 		for _, mode := range []lock.Mode{lock.Exclusive, lock.Shared} {
 			key := "s4/deleted/" + op + "/" + mode.String()
-			stale, err := a.TryAcquire(ctx, key, mode)
-			e.Must(err, "acquire")
+			stale := e.MustTryAcquire(a, key, mode)
 			if n := stgExec(e, "DELETE FROM "+holders+" WHERE lease_id = $1", stale.LeaseID()); n != 1 {
 				e.T.Fatalf("delete the stale lease's row: %d rows", n)
 			}
-			succ, err := b.TryAcquire(ctx, key, mode)
-			e.Must(err, "successor")
+			succ := e.MustTryAcquire(b, key, mode)
 			if stale.Err() != nil || stale.Remaining() <= 0 {
 				e.T.Fatalf("the stale handle should still trust its lease locally: %v", stale.Err())
 			}
@@ -188,8 +184,7 @@ func s4SameLeaseIDOtherToken(e *Env) {
 	holders := e.Namespace.Object(e.Dialect, "holders")
 	for _, op := range []string{"renew", "fence", "release"} {
 		key := "s4/token/" + op
-		le, err := l.TryAcquire(ctx, key, lock.Exclusive)
-		e.Must(err, "acquire")
+		le := e.MustTryAcquire(l, key, lock.Exclusive)
 		other := le.Token() + 1_000_000
 		if n := stgExec(e, "UPDATE "+holders+" SET token = $1 WHERE lease_id = $2", other, le.LeaseID()); n != 1 {
 			e.T.Fatalf("update token: %d rows", n)
@@ -224,11 +219,9 @@ func s5OtherKeyHeldNeverBlocks(e *Env) {
 	reader := e.NewLocker(nil)
 	waiter := e.NewLocker(nil, lock.WithMaxBackoff(20*time.Millisecond))
 	other := e.NewLocker(nil)
-	x, err := holder.TryAcquire(ctx, "s5/b", lock.Exclusive)
-	e.Must(err, "")
+	x := e.MustTryAcquire(holder, "s5/b", lock.Exclusive)
 	defer x.Release(ctx)
-	s, err := reader.TryAcquire(ctx, "s5/c", lock.Shared)
-	e.Must(err, "")
+	s := e.MustTryAcquire(reader, "s5/c", lock.Shared)
 	defer s.Release(ctx)
 	// A writer waits for s5/c, keeping a pending-writer marker on it.
 	var wg sync.WaitGroup
@@ -281,8 +274,7 @@ func s5OtherKeyTransactionDoesNotDelay(e *Env) {
 	a := e.NewLocker(nil, lock.WithTTL(time.Second))
 	b := e.NewLocker(nil, lock.WithTTL(5*time.Second))
 	la := e.NewLocker(nil, lock.WithTTL(5*time.Second))
-	lb, err := a.TryAcquire(ctx, "s5/B", lock.Exclusive)
-	e.Must(err, "")
+	lb := e.MustTryAcquire(a, "s5/B", lock.Exclusive)
 	tx, err := e.OpenDB().BeginTx(ctx, nil)
 	e.Must(err, "begin")
 	defer tx.Rollback()

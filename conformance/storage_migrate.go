@@ -103,8 +103,7 @@ func stgCheckMigrated(e *Env, ns dialect.Namespace) {
 func d1MigrateUpIsIdempotent(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil)
-	le, err := l.TryAcquire(ctx, "d1/k", lock.Exclusive)
-	e.Must(err, "")
+	le := e.MustTryAcquire(l, "d1/k", lock.Exclusive)
 	for i := 0; i < 3; i++ {
 		applied, err := migrate.Up(ctx, e.DB, e.Dialect, migrate.WithNamespace(e.Namespace))
 		e.Check(err == nil && len(applied) == 0, "migrate.Up #%d on a migrated namespace: applied %q, %v; want nothing, nil", i+2, applied, err)
@@ -217,8 +216,7 @@ func d1ConcurrentMigrate(e *Env) {
 	// The new namespace works, independently of the case's namespace.
 	l, err := stgNewLockerIn(e, ns)
 	e.Must(err, "lock.New after migrating")
-	le, err := l.TryAcquire(ctx, "d1/k", lock.Exclusive)
-	e.Must(err, "acquire in the new namespace")
+	le := e.MustTryAcquire(l, "d1/k", lock.Exclusive)
 	if _, err := e.NewLocker(nil).TryAcquire(ctx, "d1/k", lock.Exclusive); err != nil {
 		e.T.Errorf("the same key in another namespace should be independent: %v", err)
 	}

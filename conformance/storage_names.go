@@ -68,8 +68,7 @@ func d3BadSchemaAndPrefixRejected(e *Env) {
 	}
 	long, err := inpNewLocker(e, e.DB, lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix))
 	e.Must(err, "lock.New with a %d-byte prefix", len(ns.Prefix))
-	le, err := long.TryAcquire(ctx, "d3/k", lock.Exclusive)
-	e.Must(err, "acquire with a %d-byte prefix", len(ns.Prefix))
+	le := e.MustTryAcquire(long, "d3/k", lock.Exclusive)
 	// A writer waits for the key (so that a release has someone to wake),
 	// then the holder releases and the writer is granted.
 	waiter, err := inpNewLocker(e, e.DB, lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix), lock.WithLogger(e.Logger))

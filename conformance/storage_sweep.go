@@ -118,8 +118,7 @@ func d2ChurnLeavesNoRows(e *Env) {
 		if i < 0 || tokens[i] == 0 {
 			continue
 		}
-		le, err := l.TryAcquire(ctx, fmt.Sprintf("d2/churn/%d", i), lock.Exclusive)
-		e.Must(err, "re-acquire")
+		le := e.MustTryAcquire(l, fmt.Sprintf("d2/churn/%d", i), lock.Exclusive)
 		if le.Token() <= tokens[i] {
 			e.T.Errorf("key d2/churn/%d re-acquired after its rows were deleted got token %d, not greater than %d", i, le.Token(), tokens[i])
 		}
@@ -162,8 +161,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 	}
 	l := e.NewLocker(nil)
 	// A live lease and a live marker the sweeps must leave alone.
-	live, err := l.TryAcquire(ctx, "d2/live", lock.Shared)
-	e.Must(err, "")
+	live := e.MustTryAcquire(l, "d2/live", lock.Shared)
 	wctx, stopWaiter := context.WithCancel(ctx)
 	var wwg sync.WaitGroup
 	waiter := e.NewLocker(nil, lock.WithPendingWriterTTL(2*time.Second), lock.WithMaxBackoff(200*time.Millisecond))
@@ -183,6 +181,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 	var hs []lock.Holder
 	e.Require(Eventually(10*time.Second, func() bool {
 		var now time.Time
+		var err error
 		hs, now, err = l.Holders(ctx, "d2/exp/")
 		e.Must(err, "holders")
 		for _, h := range hs {
@@ -237,8 +236,7 @@ func d2ExpiredRowsSweptInBatches(e *Env) {
 		e.T.Logf("%d rows were left right after the last lease was released; sweeps emptied the tables in %s", rc, time.Since(t0).Round(time.Millisecond))
 	}
 	for _, i := range []int{0, n - 1} {
-		le, err := l.TryAcquire(ctx, fmt.Sprintf("d2/exp/%d", i), lock.Exclusive)
-		e.Must(err, "re-acquire")
+		le := e.MustTryAcquire(l, fmt.Sprintf("d2/exp/%d", i), lock.Exclusive)
 		if le.Token() <= tokens[i] {
 			e.T.Errorf("key d2/exp/%d re-acquired after its rows were swept got token %d, not greater than %d", i, le.Token(), tokens[i])
 		}
@@ -290,8 +288,7 @@ func d2SweepSparesLiveLeasesAndMarkers(e *Env) {
 	probe := e.NewLocker(nil)
 	junk := e.NewLocker(nil, lock.WithTTL(lock.MinTTL), lock.WithLogger(discard))
 
-	r, err := reader.TryAcquire(ctx, "d2/m", lock.Shared)
-	e.Must(err, "")
+	r := e.MustTryAcquire(reader, "d2/m", lock.Shared)
 	var wg sync.WaitGroup
 	stopJunk := make(chan struct{})
 	e.Go(&wg, func() {
@@ -510,8 +507,7 @@ func d2TicketsSwept(e *Env) {
 	)
 	h := e.NewLocker(nil, lock.WithOwner("d2-holder"))
 	for _, key := range []string{deadKey, liveKey} {
-		held, err := h.TryAcquire(ctx, key, lock.Shared)
-		e.Must(err, "holder of %s", key)
+		held := e.MustTryAcquire(h, key, lock.Shared)
 		defer held.Release(ctx)
 	}
 	child := startChild(e, StressSpec{

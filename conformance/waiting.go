@@ -234,8 +234,7 @@ func w1DeadWaiter(e *Env) {
 		slack     = 2 * time.Second
 	)
 	h := e.NewLocker(nil, lock.WithOwner("w1-holder"))
-	held, err := h.TryAcquire(ctx, key, lock.Shared)
-	e.Must(err, "holder")
+	held := e.MustTryAcquire(h, key, lock.Shared)
 	defer held.Release(ctx)
 	child := startChild(e, StressSpec{
 		Role: "w1-waiter", Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace,
@@ -278,8 +277,7 @@ func w1GiveUpClearsMarker(e *Env) {
 	ctx := e.Ctx()
 	const key = "w1/give-up"
 	h := e.NewLocker(nil, lock.WithOwner("w1-holder"))
-	held, err := h.TryAcquire(ctx, key, lock.Shared)
-	e.Must(err, "holder")
+	held := e.MustTryAcquire(h, key, lock.Shared)
 	defer held.Release(ctx)
 	// A marker that would block readers for 10 s if it were left behind.
 	w := e.NewLocker(nil, lock.WithOwner("w1-writer"), lock.WithMaxBackoff(20*time.Millisecond), lock.WithPendingWriterTTL(10*time.Second))
@@ -340,8 +338,7 @@ func w1GiveUpClearsMarker(e *Env) {
 func w1MarkerIsPerKey(e *Env) {
 	ctx := e.Ctx()
 	h := e.NewLocker(nil, lock.WithOwner("w1-holder"))
-	held, err := h.TryAcquire(ctx, "w1/a", lock.Shared)
-	e.Must(err, "holder")
+	held := e.MustTryAcquire(h, "w1/a", lock.Shared)
 	w := e.NewLocker(nil, lock.WithOwner("w1-writer"), lock.WithMaxBackoff(20*time.Millisecond), lock.WithPendingWriterTTL(5*time.Second))
 	r := e.NewLocker(nil, lock.WithOwner("w1-reader"))
 	wctx, cancel := context.WithCancel(ctx)
@@ -390,8 +387,7 @@ func w1SharedHoldersRenew(e *Env) {
 	var readers []*lock.Lease
 	for i := range 2 {
 		r := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewTimeout(ttl/3), lock.WithOwner(fmt.Sprintf("w1-reader%d", i)))
-		le, err := r.TryAcquire(ctx, key, lock.Shared)
-		e.Must(err, "reader %d", i)
+		le := e.MustTryAcquire(r, key, lock.Shared)
 		defer le.Release(ctx)
 		readers = append(readers, le)
 	}
@@ -593,8 +589,7 @@ func w4Reentrant(e *Env) {
 	}
 	for _, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		key := "w4/" + m.String()
-		held, err := l.TryAcquire(ctx, key, m)
-		e.Must(err, "first %s", m)
+		held := e.MustTryAcquire(l, key, m)
 		second(key, m)
 		// Another Locker of the same process is another holder.
 		x, err := other.TryAcquire(ctx, key, lock.Exclusive)
@@ -611,15 +606,13 @@ func w4Reentrant(e *Env) {
 			}
 		}
 		e.Must(held.Release(ctx), "release")
-		again, err := l.TryAcquire(ctx, key, m)
-		e.Must(err, "same Locker after Release, %s", m)
+		again := e.MustTryAcquire(l, key, m)
 		e.Check(again.Token() > held.Token(), "token %d after release not above %d", again.Token(), held.Token())
 		_ = again.Release(ctx)
 	}
 	// While the first acquire is still waiting.
 	const key = "w4/waiting"
-	blocker, err := other.TryAcquire(ctx, key, lock.Exclusive)
-	e.Must(err, "blocker")
+	blocker := e.MustTryAcquire(other, key, lock.Exclusive)
 	type result struct {
 		le  *lock.Lease
 		err error
@@ -648,6 +641,6 @@ func w4Reentrant(e *Env) {
 	}
 	second(key, lock.Exclusive)
 	e.Must(r.le.Release(ctx), "release")
-	err = l.Do(ctx, key, lock.Shared, func(context.Context, *lock.Lease) error { return nil })
+	err := l.Do(ctx, key, lock.Shared, func(context.Context, *lock.Lease) error { return nil })
 	e.Check(err == nil, "Do after Release: %v", err)
 }

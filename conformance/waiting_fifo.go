@@ -180,8 +180,7 @@ func w6ArrivalOrder(e *Env) {
 		e.T.Fatalf("create log: %v", err)
 	}
 	h := e.NewLocker(nil, lock.WithOwner("w6-holder"))
-	held, err := h.TryAcquire(ctx, key, lock.Exclusive)
-	e.Must(err, "holder")
+	held := e.MustTryAcquire(h, key, lock.Exclusive)
 	wait := SpawnChildren(e, procs, StressSpec{
 		Role: "w6-queue", Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace,
 		LogTable: table, WaitTimeout: 60 * time.Second,
@@ -300,8 +299,7 @@ func w6DeadWaiter(e *Env) {
 		slack     = 3 * time.Second // polls and statements on a loaded machine (3.04 s seen with 2 s)
 	)
 	h := e.NewLocker(nil, lock.WithOwner("w6-holder"))
-	held, err := h.TryAcquire(ctx, key, lock.Shared)
-	e.Must(err, "holder")
+	held := e.MustTryAcquire(h, key, lock.Shared)
 	defer held.Release(ctx)
 	child := startChild(e, StressSpec{
 		Role: "w6-waiter", Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace,
@@ -380,8 +378,7 @@ func w6TryAndGiveUp(e *Env) {
 	ctx := e.Ctx()
 	const key = "w6/try"
 	h := e.NewLocker(nil, lock.WithOwner("w6-holder"))
-	held, err := h.TryAcquire(ctx, key, lock.Shared)
-	e.Must(err, "holder")
+	held := e.MustTryAcquire(h, key, lock.Shared)
 	defer held.Release(ctx)
 	w := e.NewLocker(nil, lock.WithOwner("w6-waiter"), lock.WithMaxBackoff(20*time.Millisecond), lock.WithPendingWriterTTL(20*time.Second))
 	gaveUp := make(chan error, 1)
@@ -425,8 +422,7 @@ func w6TryAndGiveUp(e *Env) {
 	if ts, err := w6Tickets(ctx, h, key); err != nil || len(ts) != 0 {
 		e.T.Errorf("after the waiter gave up: tickets %v (err %v), want none", ts, err)
 	}
-	le, err := r.TryAcquire(ctx, key, lock.Shared, lock.FIFO())
-	e.Must(err, "shared FIFO try after the queue emptied")
+	le := e.MustTryAcquire(r, key, lock.Shared, lock.FIFO())
 	_ = le.Release(ctx)
 }
 
@@ -441,8 +437,7 @@ func w6DifferentKeys(e *Env) {
 		keyB = "w6/keys/b"
 	)
 	h := e.NewLocker(nil, lock.WithOwner("w6-holder"))
-	heldA, err := h.TryAcquire(ctx, keyA, lock.Exclusive)
-	e.Must(err, "holder of A")
+	heldA := e.MustTryAcquire(h, keyA, lock.Exclusive)
 	type result struct {
 		le  *lock.Lease
 		err error
@@ -487,8 +482,7 @@ func w6DifferentKeys(e *Env) {
 	}
 	// A default writer waiting on B is granted right after B's holder
 	// releases.
-	heldB, err := h.TryAcquire(ctx, keyB, lock.Shared)
-	e.Must(err, "holder of B")
+	heldB := e.MustTryAcquire(h, keyB, lock.Shared)
 	bw := make(chan result, 1)
 	go func() {
 		le, err := o.Acquire(ctx, keyB, lock.Exclusive, lock.WaitTimeout(30*time.Second))

@@ -151,8 +151,7 @@ func w5ManyReaders(e *Env) {
 	if live := liveShared(e, l, key, owner); len(live) != 0 {
 		e.T.Errorf("%d shared leases left after every reader released: %v", len(live), live)
 	}
-	x, err := l.TryAcquire(ctx, key, lock.Exclusive)
-	e.Must(err, "same Locker, exclusive after all its readers released")
+	x := e.MustTryAcquire(l, key, lock.Exclusive)
 	e.CheckErr(x.Release(ctx), "release")
 }
 
@@ -292,10 +291,8 @@ func w5Refused(e *Env) {
 	// Held shared (twice): a third shared acquire is granted, exclusive is
 	// refused.
 	const heldKey = "w5/refused/held-shared"
-	s1, err := l.TryAcquire(ctx, heldKey, lock.Shared)
-	e.Must(err, "first shared")
-	s2, err := l.TryAcquire(ctx, heldKey, lock.Shared)
-	e.Must(err, "second shared of one Locker (SPEC W5)")
+	s1 := e.MustTryAcquire(l, heldKey, lock.Shared)
+	s2 := e.MustTryAcquire(l, heldKey, lock.Shared)
 	e.Check(s1.LeaseID() != s2.LeaseID() && s1.Token() != s2.Token(), "two shared leases share lease ID or token: %s/%d, %s/%d", s1.LeaseID(), s1.Token(), s2.LeaseID(), s2.Token())
 	refused("held shared", heldKey, lock.Exclusive)
 	e.CheckErr(l.Do(ctx, heldKey, lock.Shared, func(context.Context, *lock.Lease) error { return nil }, lock.WaitTimeout(5*time.Second)), "held shared: Do shared")
@@ -304,8 +301,7 @@ func w5Refused(e *Env) {
 	// shared acquire waits like any reader (ErrLocked after its wait
 	// timeout, not ErrReentrant); exclusive is refused.
 	const waitKey = "w5/refused/waiting-shared"
-	blocker, err := other.TryAcquire(ctx, waitKey, lock.Exclusive)
-	e.Must(err, "blocker")
+	blocker := e.MustTryAcquire(other, waitKey, lock.Exclusive)
 	type result struct {
 		le  *lock.Lease
 		err error
@@ -344,8 +340,7 @@ func w5Refused(e *Env) {
 
 	// Held exclusive: both modes refused.
 	const xKey = "w5/refused/held-exclusive"
-	x, err := l.TryAcquire(ctx, xKey, lock.Exclusive)
-	e.Must(err, "exclusive")
+	x := e.MustTryAcquire(l, xKey, lock.Exclusive)
 	refused("held exclusive", xKey, lock.Shared)
 	refused("held exclusive", xKey, lock.Exclusive)
 	e.Must(x.Release(ctx), "release")
@@ -353,8 +348,7 @@ func w5Refused(e *Env) {
 	// Waiting exclusive (behind another Locker's reader): both modes
 	// refused, the waiting acquire is not disturbed.
 	const wxKey = "w5/refused/waiting-exclusive"
-	rb, err := other.TryAcquire(ctx, wxKey, lock.Shared)
-	e.Must(err, "reader blocker")
+	rb := e.MustTryAcquire(other, wxKey, lock.Shared)
 	go func() {
 		le, err := l.Acquire(ctx, wxKey, lock.Exclusive, lock.WaitTimeout(20*time.Second))
 		waiting <- result{le, err}
@@ -401,10 +395,8 @@ func w5EachReaderAlone(e *Env) {
 	)
 	l := e.NewLocker(nil, lock.WithOwner("w5-l"), lock.WithTTL(ttl), lock.WithMaxBackoff(20*time.Millisecond))
 	other := e.NewLocker(nil, lock.WithOwner("w5-writer"), lock.WithTTL(ttl))
-	a, err := l.TryAcquire(ctx, key, lock.Shared)
-	e.Must(err, "first shared")
-	b, err := l.TryAcquire(ctx, key, lock.Shared)
-	e.Must(err, "second shared")
+	a := e.MustTryAcquire(l, key, lock.Shared)
+	b := e.MustTryAcquire(l, key, lock.Shared)
 	// A third shared acquire that fails (a writer of another Locker waits,
 	// so it waits too, until its timeout) forgets only itself.
 	wctx, cancel := context.WithCancel(ctx)
@@ -449,7 +441,6 @@ func w5EachReaderAlone(e *Env) {
 		e.T.Errorf("exclusive with one shared lease lost and one held: want ErrReentrant, got %v", err)
 	}
 	e.Must(b.Release(ctx), "release")
-	x, err := l.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
-	e.Must(err, "exclusive after the last shared lease ended")
+	x := e.MustAcquire(l, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
 	_ = x.Release(ctx)
 }

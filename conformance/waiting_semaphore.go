@@ -62,8 +62,7 @@ func w7AdmitsAtMostN(e *Env) {
 	ls := w7Lockers(e, n+2, "w7-admit")
 	var held []*lock.Lease
 	for i := range n {
-		le, err := ls[i].TryAcquire(ctx, key, lock.Shared, lock.Limit(n))
-		e.Must(err, "holder %d of %d", i+1, n)
+		le := e.MustTryAcquire(ls[i], key, lock.Shared, lock.Limit(n))
 		if i > 0 && le.Token() <= held[i-1].Token() {
 			e.T.Errorf("holder %d: token %d, not greater than %d (SPEC S3)", i+1, le.Token(), held[i-1].Token())
 		}
@@ -96,8 +95,7 @@ func w7AdmitsAtMostN(e *Env) {
 		e.CheckErr(le.Release(ctx), "release")
 	}
 	e.Must(held[1].Release(ctx), "release")
-	le, err = ls[n].TryAcquire(ctx, key, lock.Shared, lock.Limit(n))
-	e.Must(err, "acquire after a release freed a slot")
+	le = e.MustTryAcquire(ls[n], key, lock.Shared, lock.Limit(n))
 	if le.Token() <= held[n-1].Token() {
 		e.T.Errorf("token %d after the release, not greater than %d (SPEC S3)", le.Token(), held[n-1].Token())
 	}
@@ -228,11 +226,9 @@ func w7CrashedHolder(e *Env) {
 	// renewals must not miss their window on a loaded machine.
 	ls := w7Lockers(e, 2, "w7-crash", lock.WithTTL(5*time.Second), lock.WithMaxBackoff(50*time.Millisecond))
 	short := e.NewLocker(nil, lock.WithOwner("w7-crash-short"), lock.WithTTL(ttl))
-	stays, err := ls[0].TryAcquire(ctx, key, lock.Shared, lock.Limit(n))
-	e.Must(err, "holder")
+	stays := e.MustTryAcquire(ls[0], key, lock.Shared, lock.Limit(n))
 	defer stays.Release(ctx)
-	crashed, err := short.TryAcquire(ctx, key, lock.Shared, lock.Limit(n))
-	e.Must(err, "holder")
+	crashed := e.MustTryAcquire(short, key, lock.Shared, lock.Limit(n))
 	crashed.Orphan()
 	start := time.Now()
 	le, err := ls[1].Acquire(ctx, key, lock.Shared, lock.Limit(n), lock.WaitTimeout(10*time.Second))
@@ -325,8 +321,7 @@ func w7FIFO(e *Env) {
 	hs := w7Lockers(e, 2, "w7-holder", opts...)
 	var held []*lock.Lease
 	for _, h := range hs {
-		le, err := h.TryAcquire(ctx, key, lock.Shared, lock.Limit(n), lock.FIFO())
-		e.Must(err, "holder")
+		le := e.MustTryAcquire(h, key, lock.Shared, lock.Limit(n), lock.FIFO())
 		held = append(held, le)
 	}
 	type waiter struct {

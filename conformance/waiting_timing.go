@@ -66,8 +66,7 @@ func w2PollIntervalCapped(e *Env) {
 	const waiterTTL = 200 * time.Millisecond
 	holder := e.NewLocker(nil, lock.WithTTL(10*time.Second))
 	waiter := e.NewLocker(nil, lock.WithTTL(waiterTTL), lock.WithMaxBackoff(time.Hour))
-	h, err := holder.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	h := e.MustTryAcquire(holder, "k", lock.Exclusive)
 	defer h.Release(ctx)
 	// A poll is the dialect's read-only Probe, when it has one and the
 	// poll writes nothing, or the Acquire script. It starts with its first
@@ -150,8 +149,7 @@ func w2CrashedHolderTakeover(e *Env) {
 	const ttl, maxBackoff = time.Second, 100 * time.Millisecond
 	a := e.NewLocker(nil, lock.WithTTL(ttl))
 	b := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithMaxBackoff(maxBackoff))
-	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	la := e.MustTryAcquire(a, "k", lock.Exclusive)
 	type res struct {
 		lease *lock.Lease
 		err   error
@@ -196,8 +194,7 @@ func w3TryReportsHolders(e *Env) {
 	ctx := e.Ctx()
 	a := e.NewLocker(nil, lock.WithTTL(10*time.Second), lock.WithOwner("holder-a"))
 	b := e.NewLocker(nil, lock.WithTTL(10*time.Second), lock.WithOwner("contender-b"))
-	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	la := e.MustTryAcquire(a, "k", lock.Exclusive)
 	defer la.Release(ctx)
 	for _, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		start := time.Now()
@@ -224,8 +221,7 @@ func w3WaitTimeout(e *Env) {
 	ctx := e.Ctx()
 	a := e.NewLocker(nil, lock.WithTTL(10*time.Second), lock.WithOwner("holder-a"))
 	b := e.NewLocker(nil, lock.WithTTL(10*time.Second))
-	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	la := e.MustTryAcquire(a, "k", lock.Exclusive)
 	defer la.Release(ctx)
 	const wait = 300 * time.Millisecond
 	for _, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
@@ -270,8 +266,7 @@ func w3NegativeWaitTimeout(e *Env) {
 	if hs := holders(e, l, ""); len(hs) != 0 {
 		e.T.Errorf("rejected input changed the database: %v", hs)
 	}
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire after rejected input")
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	_ = le.Release(ctx)
 }
 
@@ -279,8 +274,7 @@ func w3BoundedByContext(e *Env) {
 	ctx := e.Ctx()
 	a := e.NewLocker(nil, lock.WithTTL(10*time.Second))
 	b := e.NewLocker(nil, lock.WithTTL(10*time.Second))
-	la, err := a.TryAcquire(ctx, "k", lock.Exclusive)
-	e.Must(err, "acquire")
+	la := e.MustTryAcquire(a, "k", lock.Exclusive)
 	defer la.Release(ctx)
 	const bound = 300 * time.Millisecond
 	// By deadline.
