@@ -123,9 +123,7 @@ func w1ForceReleaseKeepsWaiters(e *Env) {
 	case <-time.After(10 * time.Second):
 		e.T.Fatalf("waiting writer not granted 10s after the readers were force-released")
 	}
-	if r.err != nil {
-		e.T.Fatalf("waiting writer: %v", r.err)
-	}
+	e.Must(r.err, "waiting writer")
 	e.Check(r.le.Token() > max(s1.Token(), s2.Token()), "writer's token %d, want greater than the removed readers' %d and %d", r.le.Token(), s1.Token(), s2.Token())
 	if lcWaitDone(s2, frTTL/3+lcSlack).IsZero() {
 		e.T.Errorf("reader 2 not told of its loss %s after the forced release", frTTL/3+lcSlack)

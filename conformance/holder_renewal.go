@@ -455,9 +455,7 @@ func h2PersistentFailureLoses(e *Env) {
 		e.T.Errorf("loss reason %q, want %q", lost.Reason, lock.LossWindowExhausted)
 	}
 	g := <-got
-	if g.err != nil {
-		e.T.Fatalf("contender: %v", g.err)
-	}
+	e.Must(g.err, "contender")
 	defer g.lease.Release(ctx)
 	e.Check(g.holderDone, "contender was granted the key while the holder's context was not done yet")
 	if grantedAt, expired := g.lease.Expiry().Add(-ttl), le.Expiry(); grantedAt.Before(expired) {

@@ -298,9 +298,7 @@ func s2WaitedGrantUsesStatementTime(e *Env) {
 	case <-time.After(10 * time.Second):
 		e.T.Fatalf("takeover did not finish 10 s after the fenced transaction ended")
 	}
-	if r.err != nil {
-		e.T.Fatalf("takeover after the fenced transaction ended: %v", r.err)
-	}
+	e.Must(r.err, "takeover after the fenced transaction ended")
 	defer r.le.Release(ctx)
 	after := dbNow()
 	waited := after.Sub(start)

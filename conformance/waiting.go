@@ -636,9 +636,7 @@ func w4Reentrant(e *Env) {
 	case <-time.After(10 * time.Second):
 		e.T.Fatalf("waiting acquire not granted after the blocker released")
 	}
-	if r.err != nil {
-		e.T.Fatalf("waiting acquire (not deadlocked behind the refused reentrant calls): %v", r.err)
-	}
+	e.Must(r.err, "waiting acquire (not deadlocked behind the refused reentrant calls)")
 	second(key, lock.Exclusive)
 	e.Must(r.le.Release(ctx), "release")
 	err := l.Do(ctx, key, lock.Shared, func(context.Context, *lock.Lease) error { return nil })

@@ -357,9 +357,7 @@ func w6DeadWaiter(e *Env) {
 		e.T.Fatalf("the reader behind a dead waiter was not granted")
 	}
 	blocked := time.Since(killed)
-	if r.err != nil {
-		e.T.Fatalf("reader behind a dead waiter: %v", r.err)
-	}
+	e.Must(r.err, "reader behind a dead waiter")
 	defer r.le.Release(ctx)
 	e.T.Logf("reader granted %s after the waiter ahead died (ticket TTL %s)", blocked.Round(time.Millisecond), ticketTTL)
 	e.Check(!r.le.GrantedAt().Before(last.Expiry), "reader granted at %v (database time), before the dead waiter's ticket expired at %v", r.le.GrantedAt(), last.Expiry)
@@ -493,9 +491,7 @@ func w6DifferentKeys(e *Env) {
 	e.Must(heldB.Release(ctx), "release B")
 	select {
 	case r := <-bw:
-		if r.err != nil {
-			e.T.Fatalf("default writer of B: %v", r.err)
-		}
+		e.Must(r.err, "default writer of B")
 		if took := time.Since(released); took > 2*time.Second {
 			e.T.Errorf("default writer of B granted %s after B was released, while A had a queue", took)
 		}
@@ -510,9 +506,7 @@ func w6DifferentKeys(e *Env) {
 	e.Must(heldA.Release(ctx), "release A")
 	wg.Wait()
 	for i, r := range results {
-		if r.err != nil {
-			e.T.Fatalf("FIFO waiter %d of A: %v", i, r.err)
-		}
+		e.Must(r.err, "FIFO waiter %d of A", i)
 	}
 	x, s := results[0].le, results[1].le
 	e.Check(s.Token() > x.Token(), "shared waiter of A (token %d) granted before the exclusive one queued ahead of it (token %d)", s.Token(), x.Token())

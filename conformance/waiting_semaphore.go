@@ -239,9 +239,7 @@ func w7CrashedHolder(e *Env) {
 		e.T.Errorf("waiter granted %s after the crash, want within one TTL (%s) plus slack (%s)", waited, ttl, bound)
 	}
 	e.Check(!le.GrantedAt().Before(crashed.Expiry()), "waiter granted at %s, before the crashed lease expired at %s (database time)", le.GrantedAt(), crashed.Expiry())
-	if stays.Err() != nil {
-		e.T.Errorf("the live holder lost its lease: %v", stays.Err())
-	}
+	e.CheckErr(stays.Err(), "the live holder lost its lease")
 	if live, err := liveOf(e.Ctx(), ls[0], key, lock.Shared); err != nil || len(live) != n {
 		e.T.Errorf("database: %d live shared leases (err %v), want %d", len(live), err, n)
 	}

@@ -174,9 +174,7 @@ func w2CrashedHolderTakeover(e *Env) {
 	crashed := time.Now()
 	la.Orphan()
 	r := <-got
-	if r.err != nil {
-		e.T.Fatalf("takeover of a crashed holder: %v", r.err)
-	}
+	e.Must(r.err, "takeover of a crashed holder")
 	defer r.lease.Release(ctx)
 	if d := r.at.Sub(crashed); d > ttl+maxBackoff+lcSlack {
 		e.T.Errorf("crashed holder taken over %s after its last renewal, want within TTL %s + one backoff step %s", d, ttl, maxBackoff)
