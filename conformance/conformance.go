@@ -16,6 +16,18 @@
 // never by its name. The same cases run outside go test through RunCase
 // with any T (the sqlease check command does this).
 //
+// # Reading the cases
+//
+// The files follow the sections of docs/contract.md: safety*.go (S1-S7),
+// holder_*.go (the holder's view, H1-H10, one file per area: renewal,
+// acquire, release, deadline, hold, force), waiting*.go (W1-W7), fence*.go
+// (F1, F2), storage_*.go (D1-D3) and input.go (I1); lead*.go holds the
+// leader-election cases and stress.go the child processes. A case checks
+// in one line each: Env.Must and Env.CheckErr for an error (stop, or go
+// on), Env.Require and Env.Check for a condition, Env.MustTryAcquire and
+// Env.MustAcquire for a lease the case needs. Cases of one shape are rows
+// of a table (f1FenceCases, f2StaleCases).
+//
 // # Child processes
 //
 // Multi-process cases re-run the test binary: the child process enters the

@@ -39,16 +39,11 @@ func init() {
 // liveMarker returns the live pending-writer marker of key, if any, as seen
 // by l's Holders (database time).
 func liveMarker(ctx context.Context, l *lock.Locker, key string) (lock.Holder, bool, error) {
-	hs, now, err := l.Holders(ctx, key)
-	if err != nil {
+	hs, err := liveOf(ctx, l, key, lock.PendingWriter)
+	if err != nil || len(hs) == 0 {
 		return lock.Holder{}, false, err
 	}
-	for _, h := range hs {
-		if h.Key == key && h.Mode == lock.PendingWriter && h.Expiry.After(now) {
-			return h, true, nil
-		}
-	}
-	return lock.Holder{}, false, nil
+	return hs[0], true, nil
 }
 
 // waitForMarker waits until key has a live marker placed by owner.

@@ -98,15 +98,9 @@ func (r *w5Readers) waitAll(e *Env, n int, timeout time.Duration) {
 // database reports them.
 func liveShared(e *Env, l *lock.Locker, key, owner string) []lock.Holder {
 	e.T.Helper()
-	hs, now, err := l.Holders(e.Ctx(), key)
+	hs, err := liveOf(e.Ctx(), l, key, lock.Shared)
 	e.Must(err, "holders")
-	var out []lock.Holder
-	for _, h := range hs {
-		if h.Key == key && h.Mode == lock.Shared && h.Owner == owner && h.Expiry.After(now) {
-			out = append(out, h)
-		}
-	}
-	return out
+	return slices.DeleteFunc(hs, func(h lock.Holder) bool { return h.Owner != owner })
 }
 
 // w5ManyReaders: 32 goroutines of one Locker acquire one key shared at the
