@@ -22,11 +22,12 @@
 // holder_*.go (the holder's view, H1-H10, one file per area: renewal,
 // acquire, release, deadline, hold, force), waiting*.go (W1-W7), fence*.go
 // (F1, F2), storage_*.go (D1-D3) and input.go (I1); lead*.go holds the
-// leader-election cases and stress.go the child processes. A case checks
-// in one line each: Env.Must and Env.CheckErr for an error (stop, or go
-// on), Env.Require and Env.Check for a condition, Env.MustTryAcquire and
-// Env.MustAcquire for a lease the case needs. Cases of one shape are rows
-// of a table (f1FenceCases, f2StaleCases).
+// leader-election cases, and stress.go the child processes and stress
+// workers that several sections share. A case checks in one line each:
+// Env.Must and Env.CheckErr for an error (stop, or go on), Env.Require and
+// Env.Check for a condition, Env.MustTryAcquire and Env.MustAcquire for a
+// lease the case needs. Cases of one shape are rows of a table
+// (f1FenceCases, f2StaleCases).
 //
 // # Child processes
 //

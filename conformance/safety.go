@@ -15,6 +15,8 @@ func init() {
 	register(
 		Case{Name: "S1_ExclusiveExcludesAll", Rule: "S1", Run: s1ExclusiveExcludesAll},
 		Case{Name: "S1_SharedCoexistAndExcludeExclusive", Rule: "S1", Run: s1SharedCoexist},
+		Case{Name: "S1_StressMixedModesAcrossProcesses", Rule: "S1", Run: func(e *Env) { stressCase(e, 50, 0) }},
+		Case{Name: "S1_StressWithCrashedHolders", Rule: "S1", Run: func(e *Env) { stressCase(e, 30, 10) }},
 		Case{Name: "S3_TokensIncreasePerKey", Rule: "S3", Run: s3TokensIncrease},
 		Case{Name: "S3_TokenStableUnderRenewal", Rule: "S3", Run: s3TokenStable},
 		Case{Name: "S2_ExpiryIsDatabaseNowPlusTTL", Rule: "S2", Run: s2ExpiryIsDatabaseNowPlusTTL},

@@ -411,10 +411,3 @@ func stressCaseFIFO(e *Env, sharedPercent, crashPercent, fifoPercent int) {
 	}
 	e.Check(sharedPercent <= 0 || modes["shared"] != 0 && modes["exclusive"] != 0, "want both modes granted, got %v", modes)
 }
-
-func init() {
-	register(
-		Case{Name: "S1_StressMixedModesAcrossProcesses", Rule: "S1", Run: func(e *Env) { stressCase(e, 50, 0) }},
-		Case{Name: "S1_StressWithCrashedHolders", Rule: "S1", Run: func(e *Env) { stressCase(e, 30, 10) }},
-	)
-}
