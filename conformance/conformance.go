@@ -16,6 +16,19 @@
 // never by its name. The same cases run outside go test through RunCase
 // with any T (the sqlease check command does this).
 //
+// # Reading the cases
+//
+// The files follow the sections of docs/contract.md: safety*.go (S1-S7),
+// holder_*.go (the holder's view, H1-H10, one file per area: renewal,
+// acquire, release, deadline, hold, force), waiting*.go (W1-W7), fence*.go
+// (F1, F2), storage_*.go (D1-D3) and input.go (I1); lead*.go holds the
+// leader-election cases, and stress.go the child processes and stress
+// workers that several sections share. A case checks in one line each:
+// Env.Must and Env.CheckErr for an error (stop, or go on), Env.Require and
+// Env.Check for a condition, Env.MustTryAcquire and Env.MustAcquire for a
+// lease the case needs. Cases of one shape are rows of a table
+// (f1FenceCases, f2StaleCases).
+//
 // # Child processes
 //
 // Multi-process cases re-run the test binary: the child process enters the
@@ -283,6 +296,54 @@ func (w *caseLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// Must fails the case at once (Fatalf) when err is not nil, with the
+// message format (args as in Printf) followed by ": " and err; an empty
+// format prints err alone. It is a case's one-line check of a step that
+// must succeed for the rest of the case to mean anything.
+func (e *Env) Must(err error, format string, args ...any) {
+	e.T.Helper()
+	if err == nil {
+		return
+	}
+	if format == "" {
+		e.T.Fatalf("%v", err)
+	}
+	e.T.Fatalf(format+": %v", append(args, err)...)
+}
+
+// CheckErr records a failure (Errorf, the case goes on) when err is not
+// nil, with the message format (args as in Printf) followed by ": " and
+// err; an empty format prints err alone.
+func (e *Env) CheckErr(err error, format string, args ...any) {
+	e.T.Helper()
+	if err == nil {
+		return
+	}
+	if format == "" {
+		e.T.Errorf("%v", err)
+		return
+	}
+	e.T.Errorf(format+": %v", append(args, err)...)
+}
+
+// Check records a failure (Errorf, the case goes on) unless ok; format and
+// args say what was wrong.
+func (e *Env) Check(ok bool, format string, args ...any) {
+	e.T.Helper()
+	if !ok {
+		e.T.Errorf(format, args...)
+	}
+}
+
+// Require fails the case at once (Fatalf) unless ok; format and args say
+// what was wrong.
+func (e *Env) Require(ok bool, format string, args ...any) {
+	e.T.Helper()
+	if !ok {
+		e.T.Fatalf(format, args...)
+	}
+}
+
 // Ctx returns the case's context.
 func (e *Env) Ctx() context.Context { return e.T.Context() }
 
@@ -352,6 +413,33 @@ func (e *Env) Go(wg *sync.WaitGroup, f func()) {
 		defer wg.Done()
 		f()
 	}()
+}
+
+// MustTryAcquire is l.TryAcquire on the case's context; it fails the case at
+// once unless the lease is granted.
+func (e *Env) MustTryAcquire(l *lock.Locker, key string, mode lock.Mode, opts ...lock.AcquireOption) *lock.Lease {
+	e.T.Helper()
+	le, err := l.TryAcquire(e.Ctx(), key, mode, opts...)
+	e.Must(err, "try acquire %q (%s) as %q", key, mode, l.Owner())
+	return le
+}
+
+// MustAcquire is l.Acquire on the case's context (waiting as opts say); it
+// fails the case at once unless the lease is granted.
+func (e *Env) MustAcquire(l *lock.Locker, key string, mode lock.Mode, opts ...lock.AcquireOption) *lock.Lease {
+	e.T.Helper()
+	le, err := l.Acquire(e.Ctx(), key, mode, opts...)
+	e.Must(err, "acquire %q (%s) as %q", key, mode, l.Owner())
+	return le
+}
+
+// holders returns the lease rows of the keys starting with prefix (all
+// modes, live or not), failing the case on error.
+func holders(e *Env, l *lock.Locker, prefix string) []lock.Holder {
+	e.T.Helper()
+	hs, _, err := l.Holders(e.Ctx(), prefix)
+	e.Must(err, "holders %q", prefix)
+	return hs
 }
 
 // Eventually polls cond every 5ms until it is true or timeout passes.

@@ -15,14 +15,16 @@ import (
 func init() {
 	register(
 		Case{Name: "F1_FencedTxOnLiveLeaseCommits", Rule: "F1", Run: f1LiveLeaseCommits},
-		Case{Name: "F1_RowLockFenceBlocksTakeoverNotRenewal", Rule: "F1", Needs: dialect.CapRowLockFence, Run: f1RowLockFence},
-		Case{Name: "F1_WriteLockFenceBlocksTakeover", Rule: "F1", Needs: dialect.CapWriteLockFence, Run: f1WriteLockFence},
-		Case{Name: "F2_FenceAfterLeaseDeletedCommitsNothing", Rule: "F2", Run: f2LeaseDeleted},
-		Case{Name: "F2_TakenOverLeaseCannotWrite", Rule: "F2", Run: f2TakenOver},
 		Case{Name: "F2_LossDuringFencedTxRollsBack", Rule: "F2", Run: f2LossDuringTx},
 		Case{Name: "F2_StaleTokenRejectedByGuardedTable", Rule: "F2", Run: f2StaleTokenRejected},
 		Case{Name: "F2_FencedCounterAcrossProcesses", Rule: "F2", Run: f2FencedCounter},
 	)
+	for _, c := range f1FenceCases {
+		register(Case{Name: c.name, Rule: "F1", Needs: c.needs, Run: c.run})
+	}
+	for _, c := range f2StaleCases {
+		register(Case{Name: c.name, Rule: "F2", Run: c.run})
+	}
 }
 
 // errStaleToken: a guarded write found a larger token already stored.
@@ -62,9 +64,7 @@ func createGuarded(ctx context.Context, db *sql.DB, d dialect.Dialect, table str
 func newGuarded(e *Env) guardedTable {
 	e.T.Helper()
 	g, err := createGuarded(e.Ctx(), e.DB, e.Dialect, e.Table("guarded"))
-	if err != nil {
-		e.T.Fatalf("create guarded table: %v", err)
-	}
+	e.Must(err, "create guarded table")
 	return g
 }
 
@@ -98,12 +98,8 @@ func (g guardedTable) read(ctx context.Context, q queryRower) (n, last int64, er
 func (g guardedTable) expect(e *Env, what string, n, last int64) {
 	e.T.Helper()
 	gn, gl, err := g.read(e.Ctx(), e.DB)
-	if err != nil {
-		e.T.Fatalf("%s: read guarded row: %v", what, err)
-	}
-	if gn != n || gl != last {
-		e.T.Errorf("%s: guarded row n=%d last_token=%d, want n=%d last_token=%d", what, gn, gl, n, last)
-	}
+	e.Must(err, "%s: read guarded row", what)
+	e.Check(gn == n && gl == last, "%s: guarded row n=%d last_token=%d, want n=%d last_token=%d", what, gn, gl, n, last)
 }
 
 // incIn returns a RunInTx function that increments the guarded row with
@@ -118,18 +114,31 @@ func (g guardedTable) incIn(lease *lock.Lease, called *bool) func(context.Contex
 	}
 }
 
-// wantLost fails the case unless err is a *LeaseLostError for lease.
-func wantLost(e *Env, what string, err error, lease *lock.Lease) *lock.LeaseLostError {
+// wantLost fails the case unless err reports the loss of le (nil: of any
+// lease): a *LeaseLostError matching ErrLeaseLost, not a plain
+// cancellation, naming le's lease ID, token and key. It returns the error,
+// or nil when err is no such error.
+func wantLost(e *Env, what string, err error, le *lock.Lease) *lock.LeaseLostError {
 	e.T.Helper()
-	var lle *lock.LeaseLostError
-	if !errors.Is(err, lock.ErrLeaseLost) || !errors.As(err, &lle) {
-		e.T.Errorf("%s: want *LeaseLostError matching ErrLeaseLost, got %v", what, err)
+	var lost *lock.LeaseLostError
+	switch {
+	case err == nil:
+		e.T.Errorf("%s: no loss reported", what)
+		return nil
+	case err == context.Canceled || err == context.DeadlineExceeded || errors.Is(err, context.Canceled):
+		// (A loss may wrap the last renewal's statement timeout.)
+		e.T.Errorf("%s: loss reported as a plain cancellation: %v", what, err)
+	case !errors.Is(err, lock.ErrLeaseLost):
+		e.T.Errorf("%s: want an error matching ErrLeaseLost, got %v", what, err)
+	}
+	if !errors.As(err, &lost) {
+		e.T.Errorf("%s: want a *LeaseLostError, got %T: %v", what, err, err)
 		return nil
 	}
-	if lle.Token != lease.Token() || lle.LeaseID != lease.LeaseID() {
-		e.T.Errorf("%s: LeaseLostError names token %d lease %q, want %d %q", what, lle.Token, lle.LeaseID, lease.Token(), lease.LeaseID())
+	if le != nil && (lost.LeaseID != le.LeaseID() || lost.Token != le.Token() || lost.Key != le.Key()) {
+		e.T.Errorf("%s: loss names lease %q token %d key %q, want %q token %d key %q", what, lost.LeaseID, lost.Token, lost.Key, le.LeaseID(), le.Token(), le.Key())
 	}
-	return lle
+	return lost
 }
 
 // fenceManually begins a transaction, fences it with lease and returns the
@@ -137,9 +146,7 @@ func wantLost(e *Env, what string, err error, lease *lock.Lease) *lock.LeaseLost
 func fenceManually(e *Env, lease *lock.Lease) error {
 	e.T.Helper()
 	tx, err := e.DB.BeginTx(e.Ctx(), nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
+	e.Must(err, "begin")
 	defer tx.Rollback()
 	return lease.Fence(e.Ctx(), tx)
 }
@@ -152,18 +159,12 @@ func f1LiveLeaseCommits(e *Env) {
 	g := newGuarded(e)
 	l := e.NewLocker(nil)
 	x, err := l.TryAcquire(ctx, "f1/live", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	if err := x.RunInTx(ctx, e.DB, nil, g.incIn(x, nil)); err != nil {
-		e.T.Fatalf("RunInTx on a live lease: %v", err)
-	}
+	e.Must(err, "acquire")
+	e.Must(x.RunInTx(ctx, e.DB, nil, g.incIn(x, nil)), "RunInTx on a live lease")
 	g.expect(e, "after RunInTx", 1, x.Token())
 	// Fence in the caller's own transaction.
 	tx, err := e.DB.BeginTx(ctx, nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
+	e.Must(err, "begin")
 	if err := x.Fence(ctx, tx); err != nil {
 		_ = tx.Rollback()
 		e.T.Fatalf("Fence on a live lease: %v", err)
@@ -172,9 +173,7 @@ func f1LiveLeaseCommits(e *Env) {
 		_ = tx.Rollback()
 		e.T.Fatalf("write after fence: %v", err)
 	}
-	if err := tx.Commit(); err != nil {
-		e.T.Fatalf("commit: %v", err)
-	}
+	e.Must(tx.Commit(), "commit")
 	g.expect(e, "after Fence+commit", 2, x.Token())
 	// The function's error rolls back and is returned as is.
 	boom := errors.New("boom")
@@ -184,135 +183,98 @@ func f1LiveLeaseCommits(e *Env) {
 		}
 		return boom
 	})
-	if !errors.Is(err, boom) || errors.Is(err, lock.ErrLeaseLost) {
-		e.T.Errorf("RunInTx with a failing function: want its error, got %v", err)
-	}
+	e.Check(errors.Is(err, boom) && !errors.Is(err, lock.ErrLeaseLost), "RunInTx with a failing function: want its error, got %v", err)
 	g.expect(e, "after a failed function", 2, x.Token())
-	if err := x.Err(); err != nil {
-		e.T.Errorf("lease ended by fenced transactions: %v", err)
-	}
-	if err := x.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
+	e.CheckErr(x.Err(), "lease ended by fenced transactions")
+	e.Must(x.Release(ctx), "release")
 	// Shared leases fence too.
 	var shared []*lock.Lease
 	for i := range 2 {
 		s, err := e.NewLocker(nil).TryAcquire(ctx, "f1/live", lock.Shared)
-		if err != nil {
-			e.T.Fatalf("shared %d: %v", i, err)
-		}
+		e.Must(err, "shared %d", i)
 		defer s.Release(ctx)
 		shared = append(shared, s)
 	}
 	for i, s := range shared {
-		if err := s.RunInTx(ctx, e.DB, nil, g.incIn(s, nil)); err != nil {
-			e.T.Errorf("RunInTx on shared lease %d: %v", i, err)
-		}
+		e.CheckErr(s.RunInTx(ctx, e.DB, nil, g.incIn(s, nil)), "RunInTx on shared lease %d", i)
 	}
 	g.expect(e, "after shared writes", 4, shared[1].Token())
 }
 
-// f2LeaseDeleted: a lease whose row was deleted underneath (as a takeover
-// or sweep does) cannot fence, though its handle still trusts it; nothing
-// the function wrote commits; the successor writes.
-func f2LeaseDeleted(e *Env) {
+// f2Stale is the shape of the F2 cases whose lease goes stale underneath
+// its handle: neither RunInTx (its function is not even run) nor Fence of
+// the stale handle writes anything, the handle learns of the loss, the
+// successor writes, and once released the successor cannot write either
+// (ErrNotHeld, the caller's mistake, never ErrLeaseLost).
+type f2Stale struct {
+	name, key string
+	// stale acquires a lease on key, makes it stale and returns it with
+	// its successor and the guarded row (n, last) they left.
+	stale func(e *Env, g guardedTable, key string) (x, y *lock.Lease, n, last int64)
+	// reason is the loss reason RunInTx must report ("": any).
+	reason lock.LossReason
+}
+
+var f2StaleCases = []f2Stale{
+	// A lease whose row was deleted underneath (as a takeover or sweep
+	// does) cannot fence, though its handle still trusts it.
+	{name: "F2_FenceAfterLeaseDeletedCommitsNothing", key: "f2/deleted", reason: lock.LossFenceFailed,
+		stale: func(e *Env, g guardedTable, key string) (x, y *lock.Lease, n, last int64) {
+			x, err := e.NewLocker(nil).TryAcquire(e.Ctx(), key, lock.Exclusive)
+			e.Must(err, "acquire")
+			holders := e.Namespace.Object(e.Dialect, "holders")
+			_, err = e.OpenDB().ExecContext(e.Ctx(), `DELETE FROM `+holders+` WHERE lease_id = `+e.Dialect.Placeholder(1), x.LeaseID())
+			e.Must(err, "delete lease row")
+			// A successor takes the key while the stale handle still trusts it.
+			y, err = e.NewLocker(nil).TryAcquire(e.Ctx(), key, lock.Exclusive)
+			e.Must(err, "successor after the row was deleted")
+			e.Require(x.Err() == nil && x.Remaining() > 0, "stale handle already knows (err %v, remaining %s); the case needs it unaware", x.Err(), x.Remaining())
+			return x, y, 0, 0
+		}},
+	// An orphaned lease that wrote, expired and was taken over.
+	{name: "F2_TakenOverLeaseCannotWrite", key: "f2/taken-over",
+		stale: func(e *Env, g guardedTable, key string) (x, y *lock.Lease, n, last int64) {
+			x, err := e.NewLocker(nil, lock.WithTTL(500*time.Millisecond)).TryAcquire(e.Ctx(), key, lock.Exclusive)
+			e.Must(err, "acquire")
+			e.Must(x.RunInTx(e.Ctx(), e.DB, nil, g.incIn(x, nil)), "write while live")
+			x.Orphan()
+			y, err = e.NewLocker(nil, lock.WithMaxBackoff(20*time.Millisecond)).Acquire(e.Ctx(), key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
+			e.Must(err, "takeover")
+			e.Check(y.Token() > x.Token(), "successor token %d not above %d", y.Token(), x.Token())
+			return x, y, 1, x.Token()
+		}},
+}
+
+func (c f2Stale) run(e *Env) {
 	ctx := e.Ctx()
 	g := newGuarded(e)
-	holders := e.Namespace.Object(e.Dialect, "holders")
-	l, other := e.NewLocker(nil), e.NewLocker(nil)
-	const key = "f2/deleted"
-	x, err := l.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	if _, err := e.OpenDB().ExecContext(ctx, `DELETE FROM `+holders+` WHERE lease_id = `+e.Dialect.Placeholder(1), x.LeaseID()); err != nil {
-		e.T.Fatalf("delete lease row: %v", err)
-	}
-	// A successor takes the key while the stale handle still trusts it.
-	y, err := other.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("successor after the row was deleted: %v", err)
-	}
-	if x.Err() != nil || x.Remaining() <= 0 {
-		e.T.Fatalf("stale handle already knows (err %v, remaining %s); the case needs it unaware", x.Err(), x.Remaining())
-	}
+	x, y, n, last := c.stale(e, g, c.key)
+	defer y.Release(ctx)
 	called := false
-	err = x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called))
-	if lle := wantLost(e, "RunInTx after the lease row was deleted", err, x); lle != nil && lle.Reason != lock.LossFenceFailed {
-		e.T.Errorf("loss reason %q, want %q", lle.Reason, lock.LossFenceFailed)
+	if lle := wantLost(e, "RunInTx of the stale lease", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x); lle != nil && c.reason != "" {
+		e.Check(lle.Reason == c.reason, "loss reason %q, want %q", lle.Reason, c.reason)
 	}
-	if called {
-		e.T.Errorf("RunInTx ran the function although the fence failed")
-	}
-	g.expect(e, "after the refused fenced write", 0, 0)
-	if err := x.Err(); !errors.Is(err, lock.ErrLeaseLost) {
-		e.T.Errorf("handle after a failed fence: Err() = %v, want ErrLeaseLost (SPEC H3)", err)
-	}
+	e.Check(!called, "RunInTx ran the function although the fence failed")
+	e.Check(errors.Is(x.Err(), lock.ErrLeaseLost), "handle after a failed fence: Err() = %v, want ErrLeaseLost (SPEC H3)", x.Err())
 	select {
 	case <-x.Done():
 	default:
 		e.T.Errorf("handle's context not ended after a failed fence")
 	}
-	wantLost(e, "Fence again", fenceManually(e, x), x)
-	if err := y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)); err != nil {
-		e.T.Fatalf("successor's fenced write: %v", err)
-	}
-	g.expect(e, "after the successor's write", 1, y.Token())
-	// A released lease cannot write either; that is the caller's mistake,
-	// not a loss: ErrNotHeld, never ErrLeaseLost.
-	if err := y.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
+	wantLost(e, "Fence of the stale lease", fenceManually(e, x), x)
+	g.expect(e, "after the stale lease tried to write", n, last)
+	e.Must(y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)), "successor's fenced write")
+	g.expect(e, "after the successor's write", n+1, y.Token())
+	e.Must(y.Release(ctx), "release")
 	called = false
 	for what, err := range map[string]error{
 		"RunInTx after Release": y.RunInTx(ctx, e.DB, nil, g.incIn(y, &called)),
 		"Fence after Release":   fenceManually(e, y),
 	} {
-		if !errors.Is(err, lock.ErrNotHeld) || errors.Is(err, lock.ErrLeaseLost) {
-			e.T.Errorf("%s: %v, want ErrNotHeld and not ErrLeaseLost", what, err)
-		}
+		e.Check(errors.Is(err, lock.ErrNotHeld) && !errors.Is(err, lock.ErrLeaseLost), "%s: %v, want ErrNotHeld and not ErrLeaseLost", what, err)
 	}
-	if called {
-		e.T.Errorf("RunInTx ran the function of a released lease")
-	}
-	g.expect(e, "after writes of a released lease", 1, y.Token())
-}
-
-// f2TakenOver: an orphaned lease that expired and was taken over cannot
-// write; its successor can.
-func f2TakenOver(e *Env) {
-	ctx := e.Ctx()
-	g := newGuarded(e)
-	const key = "f2/taken-over"
-	l1 := e.NewLocker(nil, lock.WithTTL(500*time.Millisecond))
-	l2 := e.NewLocker(nil, lock.WithMaxBackoff(20*time.Millisecond))
-	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	if err := x.RunInTx(ctx, e.DB, nil, g.incIn(x, nil)); err != nil {
-		e.T.Fatalf("write while live: %v", err)
-	}
-	x.Orphan()
-	y, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
-	if err != nil {
-		e.T.Fatalf("takeover: %v", err)
-	}
-	if y.Token() <= x.Token() {
-		e.T.Errorf("successor token %d not above %d", y.Token(), x.Token())
-	}
-	called := false
-	wantLost(e, "RunInTx of the taken-over lease", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x)
-	wantLost(e, "Fence of the taken-over lease", fenceManually(e, x), x)
-	if called {
-		e.T.Errorf("RunInTx ran the function of a taken-over lease")
-	}
-	g.expect(e, "after the taken-over lease tried to write", 1, x.Token())
-	if err := y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)); err != nil {
-		e.T.Fatalf("successor's fenced write: %v", err)
-	}
-	g.expect(e, "after the successor's write", 2, y.Token())
-	_ = y.Release(ctx)
+	e.Check(!called, "RunInTx ran the function of a released lease")
+	g.expect(e, "after writes of a released lease", n+1, y.Token())
 }
 
 // f2LossDuringTx: the lease is lost while the fenced function runs (its
@@ -322,9 +284,7 @@ func f2LossDuringTx(e *Env) {
 	g := newGuarded(e)
 	l := e.NewLocker(nil, lock.WithTTL(time.Second))
 	x, err := l.TryAcquire(ctx, "f2/loss-in-tx", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	e.Must(err, "acquire")
 	x.Orphan()
 	wrote := false
 	err = x.RunInTx(ctx, e.DB, nil, func(ctx context.Context, tx *sql.Tx) error {
@@ -339,9 +299,7 @@ func f2LossDuringTx(e *Env) {
 		}
 		return nil
 	})
-	if !wrote {
-		e.T.Fatalf("fenced function did not write (fence on a live lease failed?): %v", err)
-	}
+	e.Require(wrote, "fenced function did not write (fence on a live lease failed?): %v", err)
 	wantLost(e, "RunInTx whose lease was lost before commit", err, x)
 	g.expect(e, "after the lost transaction", 0, 0)
 }
@@ -355,23 +313,15 @@ func f2StaleTokenRejected(e *Env) {
 	const key = "f2/token"
 	l1 := e.NewLocker(nil, lock.WithTTL(300*time.Millisecond))
 	l2 := e.NewLocker(nil, lock.WithMaxBackoff(20*time.Millisecond))
-	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	x := e.MustTryAcquire(l1, key, lock.Exclusive)
 	ext := e.OpenDB() // the "other" resource: written without a fence
 	if _, err := g.inc(ctx, ext, x.Token()); err != nil {
 		e.T.Fatalf("first holder's write: %v", err)
 	}
 	x.Orphan() // the first holder pauses and loses the lease
-	y, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
-	if err != nil {
-		e.T.Fatalf("takeover: %v", err)
-	}
+	y := e.MustAcquire(l2, key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
 	defer y.Release(ctx)
-	if y.Token() <= x.Token() {
-		e.T.Fatalf("successor token %d not above %d", y.Token(), x.Token())
-	}
+	e.Require(y.Token() > x.Token(), "successor token %d not above %d", y.Token(), x.Token())
 	if _, err := g.inc(ctx, ext, y.Token()); err != nil {
 		e.T.Fatalf("successor's write: %v", err)
 	}
@@ -423,208 +373,142 @@ type grantResult struct {
 	at    time.Time
 }
 
-// f1RowLockFence (CapRowLockFence): the fence holds a lock on the lease's
-// row that a takeover needs and a renewal does not (PostgreSQL FOR KEY
-// SHARE; MySQL a shared lock on a row that renewals do not update).
-// Renewal of the same lease is not blocked; a takeover after expiry waits
-// (blocked by the fenced session) and is granted only after the
-// fenced transaction commits; the fenced write committed; afterwards the
-// old lease cannot write.
-func f1RowLockFence(e *Env) {
-	ctx := e.Ctx()
-	g := newGuarded(e)
-	// TTL 1 s: its renew timeout (TTL/3) leaves a few tries of 333 ms
-	// within the trusted window through PgBouncer under the race detector
-	// (at 500 ms, three tries of 166 ms timed out once in CI); the fenced
-	// transaction stays open well past the TTL.
-	const (
-		key  = "f1/row-lock"
-		ttl  = time.Second
-		hold = 3 * time.Second
-	)
-	l1 := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewTimeout(ttl/3), lock.WithOwner("f1-fenced"))
-	// The takeover's grant statement waits for the fence; its trusted
-	// window counts from when it was sent (SPEC H1), so its TTL must
-	// outlast that wait.
-	l2 := e.NewLocker(nil, lock.WithTTL(10*time.Second), lock.WithOwner("f1-takeover"), lock.WithMaxBackoff(20*time.Millisecond))
-	mon := e.OpenDB()
-	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	tx, err := e.DB.BeginTx(ctx, nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
-	defer tx.Rollback()
-	inspector, _ := e.Dialect.(LockInspector)
-	var session int64
-	if inspector != nil {
-		if session, err = inspector.SessionID(ctx, tx); err != nil {
-			e.T.Fatalf("session ID: %v", err)
-		}
-	}
-	fencedAt := time.Now()
-	if err := x.Fence(ctx, tx); err != nil {
-		e.T.Fatalf("Fence: %v", err)
-	}
-	if _, err := g.inc(ctx, tx, x.Token()); err != nil {
-		e.T.Fatalf("fenced write: %v", err)
-	}
-	// Held open longer than the TTL on purpose, busy as a live holder's
-	// (an idle one is ended by CapFenceIdleTimeout; see F1_StoppedHolder...).
-	stopBusy := keepBusy(ctx, tx)
-	defer stopBusy()
-	// Renewal is not blocked by the fence: a renewal statement is bounded
-	// by the renew timeout (TTL/3), so a blocked one would fail every try.
+// f1Fence is the shape of the F1 cases whose fence keeps a takeover out:
+// the holder fences a transaction and writes in it, then its lease expires
+// underneath the open transaction (Orphan); a takeover is not granted
+// while the transaction stays open (hold) and is granted once it commits,
+// with a greater token; the fenced write committed, the old lease cannot
+// write and the successor can.
+type f1Fence struct {
+	name, key string
+	needs     dialect.Capabilities
+	// hold is how long the fenced transaction stays open after the fence.
+	hold time.Duration
+	// fenced and takeover configure the two Lockers.
+	fenced, takeover []lock.Option
+	// inspect: watch the dialect's LockInspector (if any) for the
+	// takeover's session waiting for the fenced one.
+	inspect bool
+	// whileOpen runs in the open fenced transaction before the lease is
+	// orphaned; the stop it returns runs before the commit.
+	whileOpen func(e *Env, x *lock.Lease, tx *sql.Tx) (stop func())
+}
+
+var f1FenceCases = []f1Fence{
+	// CapRowLockFence: the fence holds a lock on the lease's row that a
+	// takeover needs and a renewal does not (PostgreSQL FOR KEY SHARE;
+	// MySQL a shared lock on a row that renewals do not update). TTL 1 s:
+	// its renew timeout (TTL/3) leaves a few tries of 333 ms within the
+	// trusted window through PgBouncer under the race detector (at 500 ms,
+	// three tries of 166 ms timed out once in CI); the fenced transaction
+	// stays open well past the TTL. The takeover's grant statement waits
+	// for the fence; its trusted window counts from when it was sent (SPEC
+	// H1), so its TTL must outlast that wait.
+	{name: "F1_RowLockFenceBlocksTakeoverNotRenewal", key: "f1/row-lock", needs: dialect.CapRowLockFence, hold: 3 * time.Second, inspect: true,
+		fenced:    []lock.Option{lock.WithTTL(time.Second), lock.WithRenewTimeout(time.Second / 3), lock.WithOwner("f1-fenced")},
+		takeover:  []lock.Option{lock.WithTTL(10 * time.Second), lock.WithOwner("f1-takeover"), lock.WithMaxBackoff(20 * time.Millisecond)},
+		whileOpen: f1RenewWhileFenced},
+	// CapWriteLockFence (SQLite): the fence takes the database write lock,
+	// so a takeover cannot commit while the fenced transaction is open
+	// (hold: five TTLs, long expired).
+	{name: "F1_WriteLockFenceBlocksTakeover", key: "f1/write-lock", needs: dialect.CapWriteLockFence, hold: 1500 * time.Millisecond,
+		fenced:   []lock.Option{lock.WithTTL(300 * time.Millisecond), lock.WithOwner("f1-fenced")},
+		takeover: []lock.Option{lock.WithOwner("f1-takeover"), lock.WithMaxBackoff(20 * time.Millisecond)}},
+}
+
+// f1RenewWhileFenced keeps the fenced transaction busy as a live holder's
+// (an idle one is ended by CapFenceIdleTimeout; see F1_StoppedHolder...)
+// and checks that renewal is not blocked by the fence: a renewal statement
+// is bounded by the renew timeout (TTL/3), so a blocked one would fail
+// every try.
+func f1RenewWhileFenced(e *Env, x *lock.Lease, tx *sql.Tx) (stop func()) {
+	stopBusy := keepBusy(e.Ctx(), tx)
 	before := x.Expiry()
 	var renewErrs []error
 	for try := 0; ; try++ {
 		start := time.Now()
-		err := x.Renew(ctx)
+		err := x.Renew(e.Ctx())
 		took := time.Since(start)
 		if err == nil {
-			if took >= 500*time.Millisecond {
-				e.T.Errorf("renewal took %s during the fenced transaction, want < 500ms (not blocked)", took)
-			}
+			e.Check(took < 500*time.Millisecond, "renewal took %s during the fenced transaction, want < 500ms (not blocked)", took)
 			e.T.Logf("renewal during the fenced transaction took %s (%d failed tries before: %v)", took.Round(time.Millisecond), try, renewErrs)
 			break
 		}
 		renewErrs = append(renewErrs, err)
 		if try == 4 || errors.Is(err, lock.ErrLeaseLost) {
+			stopBusy()
 			e.T.Fatalf("renewal during the fenced transaction never succeeded: %v", renewErrs)
 		}
 	}
-	if !x.Expiry().After(before) {
-		e.T.Errorf("renewal did not move the expiry: %v then %v", before, x.Expiry())
+	e.Check(x.Expiry().After(before), "renewal did not move the expiry: %v then %v", before, x.Expiry())
+	return stopBusy
+}
+
+func (c f1Fence) run(e *Env) {
+	ctx := e.Ctx()
+	g := newGuarded(e)
+	l1, l2 := e.NewLocker(nil, c.fenced...), e.NewLocker(nil, c.takeover...)
+	x := e.MustTryAcquire(l1, c.key, lock.Exclusive)
+	tx, err := e.DB.BeginTx(ctx, nil)
+	e.Must(err, "begin")
+	defer tx.Rollback()
+	var inspector LockInspector
+	var session int64
+	if c.inspect {
+		if inspector, _ = e.Dialect.(LockInspector); inspector != nil {
+			session, err = inspector.SessionID(ctx, tx)
+			e.Must(err, "session ID")
+		}
 	}
-	// The lease expires underneath the open fenced transaction; a takeover
-	// must wait for it.
+	fencedAt := time.Now()
+	e.Must(x.Fence(ctx, tx), "Fence")
+	_, err = g.inc(ctx, tx, x.Token())
+	e.Must(err, "fenced write")
+	stop := func() {}
+	if c.whileOpen != nil {
+		stop = c.whileOpen(e, x, tx)
+		defer stop()
+	}
 	x.Orphan()
 	done := make(chan grantResult, 1)
 	go func() {
-		le, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
+		le, err := l2.Acquire(ctx, c.key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
 		done <- grantResult{le, err, time.Now()}
 	}()
 	if inspector != nil {
-		waiter, ok := waitBlocked(ctx, inspector, mon, session, fencedAt.Add(hold-100*time.Millisecond))
+		waiter, ok := waitBlocked(ctx, inspector, e.OpenDB(), session, fencedAt.Add(c.hold-100*time.Millisecond))
 		if !ok {
-			e.T.Errorf("no session blocked by the fenced transaction within %s: the takeover did not wait for the fence", hold)
+			e.T.Errorf("no session blocked by the fenced transaction within %s: the takeover did not wait for the fence", c.hold)
 		} else {
 			e.T.Logf("takeover session %d blocked by fenced session %d after %s", waiter, session, time.Since(fencedAt).Round(time.Millisecond))
 		}
 	}
-	time.Sleep(time.Until(fencedAt.Add(hold)))
+	time.Sleep(time.Until(fencedAt.Add(c.hold)))
 	select {
 	case r := <-done:
 		e.T.Fatalf("takeover ended while the fenced transaction was open (%s after the fence): %v", r.at.Sub(fencedAt), r.err)
 	default:
 	}
-	stopBusy()
+	stop()
 	commitStart := time.Now()
-	if err := tx.Commit(); err != nil {
-		e.T.Fatalf("commit of the fenced transaction: %v", err)
-	}
+	e.Must(tx.Commit(), "commit of the fenced transaction")
 	var r grantResult
 	select {
 	case r = <-done:
 	case <-time.After(5 * time.Second):
 		e.T.Fatalf("takeover not granted 5 s after the fenced transaction committed")
 	}
-	if r.err != nil {
-		e.T.Fatalf("takeover: %v", r.err)
-	}
+	e.Must(r.err, "takeover")
 	defer r.lease.Release(ctx)
-	if r.at.Before(commitStart) {
-		e.T.Errorf("takeover granted %s before the fenced transaction committed", commitStart.Sub(r.at))
-	}
+	e.Check(!r.at.Before(commitStart), "takeover granted %s before the fenced transaction committed", commitStart.Sub(r.at))
 	e.T.Logf("takeover granted %s after the fenced commit", r.at.Sub(commitStart).Round(time.Millisecond))
-	if r.lease.Token() <= x.Token() {
-		e.T.Errorf("takeover token %d not above %d", r.lease.Token(), x.Token())
-	}
+	e.Check(r.lease.Token() > x.Token(), "takeover token %d not above %d", r.lease.Token(), x.Token())
 	g.expect(e, "fenced write committed", 1, x.Token())
 	called := false
 	wantLost(e, "RunInTx after takeover", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x)
-	if called {
-		e.T.Errorf("RunInTx ran the function of a taken-over lease")
-	}
+	e.Check(!called, "RunInTx ran the function of a taken-over lease")
 	g.expect(e, "after the old lease tried to write", 1, x.Token())
-	if err := r.lease.RunInTx(ctx, e.DB, nil, g.incIn(r.lease, nil)); err != nil {
-		e.T.Fatalf("successor's fenced write: %v", err)
-	}
-	g.expect(e, "after the successor's write", 2, r.lease.Token())
-}
-
-// f1WriteLockFence (SQLite): the fence takes the database write lock, so a
-// takeover of the lease after its expiry cannot commit while the fenced
-// transaction is open.
-func f1WriteLockFence(e *Env) {
-	ctx := e.Ctx()
-	g := newGuarded(e)
-	const (
-		key  = "f1/write-lock"
-		hold = 1500 * time.Millisecond
-	)
-	l1 := e.NewLocker(nil, lock.WithTTL(300*time.Millisecond), lock.WithOwner("f1-fenced"))
-	l2 := e.NewLocker(nil, lock.WithOwner("f1-takeover"), lock.WithMaxBackoff(20*time.Millisecond))
-	x, err := l1.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	tx, err := e.DB.BeginTx(ctx, nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
-	defer tx.Rollback()
-	fencedAt := time.Now()
-	if err := x.Fence(ctx, tx); err != nil {
-		e.T.Fatalf("Fence: %v", err)
-	}
-	if _, err := g.inc(ctx, tx, x.Token()); err != nil {
-		e.T.Fatalf("fenced write: %v", err)
-	}
-	x.Orphan()
-	done := make(chan grantResult, 1)
-	go func() {
-		le, err := l2.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
-		done <- grantResult{le, err, time.Now()}
-	}()
-	time.Sleep(time.Until(fencedAt.Add(hold))) // five TTLs: long expired
-	select {
-	case r := <-done:
-		e.T.Fatalf("takeover ended while the fenced transaction was open (%s after the fence): %v", r.at.Sub(fencedAt), r.err)
-	default:
-	}
-	commitStart := time.Now()
-	if err := tx.Commit(); err != nil {
-		e.T.Fatalf("commit of the fenced transaction: %v", err)
-	}
-	var r grantResult
-	select {
-	case r = <-done:
-	case <-time.After(5 * time.Second):
-		e.T.Fatalf("takeover not granted 5 s after the fenced transaction committed")
-	}
-	if r.err != nil {
-		e.T.Fatalf("takeover: %v", r.err)
-	}
-	defer r.lease.Release(ctx)
-	if r.at.Before(commitStart) {
-		e.T.Errorf("takeover granted %s before the fenced transaction committed", commitStart.Sub(r.at))
-	}
-	e.T.Logf("takeover granted %s after the fenced commit", r.at.Sub(commitStart).Round(time.Millisecond))
-	if r.lease.Token() <= x.Token() {
-		e.T.Errorf("takeover token %d not above %d", r.lease.Token(), x.Token())
-	}
-	g.expect(e, "fenced write committed", 1, x.Token())
-	called := false
-	wantLost(e, "RunInTx after takeover", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x)
-	if called {
-		e.T.Errorf("RunInTx ran the function of a taken-over lease")
-	}
-	if err := r.lease.RunInTx(ctx, e.DB, nil, g.incIn(r.lease, nil)); err != nil {
-		e.T.Fatalf("successor's fenced write: %v", err)
-	}
+	e.Must(r.lease.RunInTx(ctx, e.DB, nil, g.incIn(r.lease, nil)), "successor's fenced write")
 	g.expect(e, "after the successor's write", 2, r.lease.Token())
 }
 
@@ -638,9 +522,7 @@ func f2FencedCounter(e *Env) {
 	ctx := e.Ctx()
 	g := newGuarded(e)
 	logTable, report := e.Table("fenced_log"), e.Table("fenced_report")
-	if err := createFencedCounterTables(ctx, e.DB, logTable, report); err != nil {
-		e.T.Fatalf("create tables: %v", err)
-	}
+	e.Must(createFencedCounterTables(ctx, e.DB, logTable, report), "create tables")
 	dur := 4 * time.Second
 	if e.Config.Short {
 		dur = 2 * time.Second
@@ -659,23 +541,17 @@ func f2FencedCounter(e *Env) {
 	if cerr := wait(); cerr != nil {
 		err = errors.Join(err, cerr)
 	}
-	if err != nil {
-		e.T.Fatalf("fenced counter workers: %v", err)
-	}
+	e.Must(err, "fenced counter workers")
 	// What the workers say they did.
 	type tally struct{ ok, lost, stale, grants, orphans int64 }
 	rows, err := e.DB.QueryContext(ctx, `SELECT worker, ok, lost, stale, grants, orphans FROM `+report)
-	if err != nil {
-		e.T.Fatalf("read report: %v", err)
-	}
+	e.Must(err, "read report")
 	perWorker := map[string]tally{}
 	var total tally
 	for rows.Next() {
 		var w string
 		var t tally
-		if err := rows.Scan(&w, &t.ok, &t.lost, &t.stale, &t.grants, &t.orphans); err != nil {
-			e.T.Fatalf("read report: %v", err)
-		}
+		e.Must(rows.Scan(&w, &t.ok, &t.lost, &t.stale, &t.grants, &t.orphans), "read report")
 		perWorker[w] = t
 		total.ok += t.ok
 		total.lost += t.lost
@@ -684,25 +560,19 @@ func f2FencedCounter(e *Env) {
 		total.orphans += t.orphans
 	}
 	_ = rows.Close()
-	if len(perWorker) != 3+2*2 {
-		e.T.Errorf("%d workers reported, want %d: %v", len(perWorker), 3+2*2, perWorker)
-	}
+	e.Check(len(perWorker) == 3+2*2, "%d workers reported, want %d: %v", len(perWorker), 3+2*2, perWorker)
 	e.T.Logf("%d grants, %d orphaned; %d fenced increments committed, %d refused as lost, %d refused by the token guard; per worker %v",
 		total.grants, total.orphans, total.ok, total.lost, total.stale, perWorker)
 	// What the database holds.
 	rows, err = e.DB.QueryContext(ctx, `SELECT n, token, worker FROM `+logTable+` ORDER BY n`)
-	if err != nil {
-		e.T.Fatalf("read log: %v", err)
-	}
+	e.Must(err, "read log")
 	logged := map[string]int64{}
 	var count, prevToken int64
 	var bad []string
 	for rows.Next() {
 		var n, token int64
 		var w string
-		if err := rows.Scan(&n, &token, &w); err != nil {
-			e.T.Fatalf("read log: %v", err)
-		}
+		e.Must(rows.Scan(&n, &token, &w), "read log")
 		count++
 		logged[w]++
 		if n != count {
@@ -721,24 +591,14 @@ func f2FencedCounter(e *Env) {
 		e.T.Errorf("%s", b)
 	}
 	n, last, err := g.read(ctx, e.DB)
-	if err != nil {
-		e.T.Fatalf("read counter: %v", err)
-	}
-	if n != count || n != total.ok {
-		e.T.Errorf("counter %d, log rows %d, increments reported committed %d: want all equal", n, count, total.ok)
-	}
-	if count > 0 && last != prevToken {
-		e.T.Errorf("counter's last token %d, last logged token %d", last, prevToken)
-	}
+	e.Must(err, "read counter")
+	e.Check(n == count && n == total.ok, "counter %d, log rows %d, increments reported committed %d: want all equal", n, count, total.ok)
+	e.Check(count <= 0 || last == prevToken, "counter's last token %d, last logged token %d", last, prevToken)
 	for w, t := range perWorker {
 		if logged[w] != t.ok {
 			e.T.Errorf("worker %s: RunInTx succeeded %d times, %d of its increments committed", w, t.ok, logged[w])
 		}
 	}
-	if total.stale != 0 {
-		e.T.Errorf("the token guard refused %d fenced writes: a fence let a stale lease reach the resource", total.stale)
-	}
-	if total.ok < 10 || total.orphans == 0 || total.lost == 0 {
-		e.T.Errorf("the case did not exercise enough: %d increments, %d orphaned leases, %d lost writes", total.ok, total.orphans, total.lost)
-	}
+	e.Check(total.stale == 0, "the token guard refused %d fenced writes: a fence let a stale lease reach the resource", total.stale)
+	e.Check(total.ok >= 10 && total.orphans != 0 && total.lost != 0, "the case did not exercise enough: %d increments, %d orphaned leases, %d lost writes", total.ok, total.orphans, total.lost)
 }

@@ -80,9 +80,7 @@ func f1StoppedHolder(e *Env) {
 	}
 	b, _ := json.Marshal(spec)
 	exe, err := os.Executable()
-	if err != nil {
-		e.T.Fatalf("executable: %v", err)
-	}
+	e.Must(err, "executable")
 	var args []string
 	if testing.Testing() {
 		top, _, _ := strings.Cut(e.T.Name(), "/")
@@ -94,9 +92,7 @@ func f1StoppedHolder(e *Env) {
 	cmd.Env = append(os.Environ(), childEnv+"="+string(b))
 	out := &strings.Builder{}
 	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		e.T.Fatalf("start child: %v", err)
-	}
+	e.Must(cmd.Start(), "start child")
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	continued := false
@@ -111,22 +107,16 @@ func f1StoppedHolder(e *Env) {
 			<-exited
 		}
 	}()
-	if !Eventually(15*time.Second, func() bool {
+	e.Require(Eventually(15*time.Second, func() bool {
 		var n int
 		return e.DB.QueryRowContext(ctx, "SELECT count(*) FROM "+ready).Scan(&n) == nil && n > 0
-	}) {
-		e.T.Fatalf("the child never fenced its transaction: %s", out.String())
-	}
-	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		e.T.Fatalf("SIGSTOP: %v", err)
-	}
+	}), "the child never fenced its transaction: %s", out.String())
+	e.Must(cmd.Process.Signal(syscall.SIGSTOP), "SIGSTOP")
 	stopped := time.Now()
 	contender := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithOwner("f1-contender"))
 	le, err := contender.Acquire(ctx, "f1/stopped", lock.Exclusive, lock.WaitTimeout(15*time.Second))
 	took := time.Since(stopped)
-	if err != nil {
-		e.T.Fatalf("contender while the holder is stopped inside its fenced transaction: %v after %s", err, took)
-	}
+	e.Require(err == nil, "contender while the holder is stopped inside its fenced transaction: %v after %s", err, took)
 	// TTL + lock timeout (2 s) + one backoff step (at most the TTL), plus
 	// slack for a loaded machine.
 	if bound := ttl + 2*time.Second + ttl + time.Second; took > bound {
@@ -134,9 +124,7 @@ func f1StoppedHolder(e *Env) {
 	}
 	e.T.Logf("contender granted %s after the holder stopped", took.Round(time.Millisecond))
 	continued = true
-	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		e.T.Fatalf("SIGCONT: %v", err)
-	}
+	e.Must(cmd.Process.Signal(syscall.SIGCONT), "SIGCONT")
 	select {
 	case err := <-exited:
 		exited <- err
@@ -153,13 +141,9 @@ func f1StoppedHolder(e *Env) {
 		e.T.Errorf("the stopped holder's write committed (%d rows, %v)", n, err)
 	}
 	// The successor works normally.
-	if err := le.RunInTx(ctx, e.DB, nil, func(ctx context.Context, tx *sql.Tx) error {
+	e.CheckErr(le.RunInTx(ctx, e.DB, nil, func(ctx context.Context, tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, "INSERT INTO "+writes+" (n) VALUES (2)")
 		return err
-	}); err != nil {
-		e.T.Errorf("successor's fenced write: %v", err)
-	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	}), "successor's fenced write")
+	e.CheckErr(le.Release(ctx), "release")
 }

@@ -44,21 +44,15 @@ type leaderEvent struct {
 
 func readLeaderLog(e *Env, table string) []leaderEvent {
 	rows, err := e.DB.QueryContext(e.Ctx(), `SELECT worker, event, token, detail FROM `+table)
-	if err != nil {
-		e.T.Fatalf("read leader log: %v", err)
-	}
+	e.Must(err, "read leader log")
 	defer rows.Close()
 	var out []leaderEvent
 	for rows.Next() {
 		var ev leaderEvent
-		if err := rows.Scan(&ev.Worker, &ev.Event, &ev.Token, &ev.Detail); err != nil {
-			e.T.Fatalf("read leader log: %v", err)
-		}
+		e.Must(rows.Scan(&ev.Worker, &ev.Event, &ev.Token, &ev.Detail), "read leader log")
 		out = append(out, ev)
 	}
-	if err := rows.Err(); err != nil {
-		e.T.Fatalf("read leader log: %v", err)
-	}
+	e.Must(rows.Err(), "read leader log")
 	return out
 }
 
@@ -177,18 +171,14 @@ func s1LeaderOneAtATime(e *Env) {
 		workers[g.Worker]++
 	}
 	e.T.Logf("%d terms across %d processes: %v", len(terms), len(workers), workers)
-	if len(terms) < 5 || len(workers) < 2 {
-		e.T.Errorf("%d terms by %d processes: want leadership to change hands (at least 5 terms, 2 processes)", len(terms), len(workers))
-	}
+	e.Check(len(terms) >= 5 && len(workers) >= 2, "%d terms by %d processes: want leadership to change hands (at least 5 terms, 2 processes)", len(terms), len(workers))
 }
 
 // leaderOf returns the owner and expiry of key's live exclusive lease, as
 // the database reports it.
 func leaderOf(e *Env, l *lock.Locker) (owner string, expiry time.Time) {
 	hs, now, err := l.Holders(e.Ctx(), leaderKey)
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
+	e.Must(err, "holders")
 	for _, h := range hs {
 		if h.Mode == lock.Exclusive && h.Expiry.After(now) {
 			return h.Owner, h.Expiry
@@ -255,9 +245,7 @@ func leaderTakeover(e *Env, mode string, stop, resume func(*childProc) error) (*
 				e.T.Errorf("leader replaced %s after it stopped, want within TTL %s + one backoff step %s", d, ttl, maxBackoff)
 			}
 			owner, _ := leaderOf(e, b)
-			if owner != "leader-parent" {
-				e.T.Errorf("after takeover the database names %q the leader, want leader-parent", owner)
-			}
+			e.Check(owner == "leader-parent", "after takeover the database names %q the leader, want leader-parent", owner)
 			e.T.Logf("replaced after %s (the child's lease expired at %s database time); new token %d",
 				t.at.Sub(stopped).Round(time.Millisecond), expiry.Format(time.RFC3339Nano), t.token)
 			return c, table, end
@@ -299,9 +287,7 @@ func h3StoppedLeaderFnEnds(e *Env) {
 		func(c *childProc) error { return continueProcess(c.cmd.Process) })
 	defer end()
 	resumed := time.Now()
-	if err := continueProcess(c.cmd.Process); err != nil {
-		e.T.Fatalf("continue the child: %v", err)
-	}
+	e.Must(continueProcess(c.cmd.Process), "continue the child")
 	var got leaderEvent
 	if !Eventually(10*time.Second, func() bool {
 		for _, ev := range readLeaderLog(e, table) {
@@ -320,12 +306,8 @@ func h3StoppedLeaderFnEnds(e *Env) {
 	if _, err := fmt.Sscanf(got.Detail, "lost=%t late_ticks=%d", &lost, &late); err != nil {
 		e.T.Fatalf("bad end report %q: %v", got.Detail, err)
 	}
-	if !lost {
-		e.T.Errorf("stopped leader's fn context ended with %q, want cause ErrLeaseLost", got.Detail)
-	}
-	if late > 0 {
-		e.T.Errorf("stopped leader's fn saw its context live %d times after its trusted window ended", late)
-	}
+	e.Check(lost, "stopped leader's fn context ended with %q, want cause ErrLeaseLost", got.Detail)
+	e.Check(late <= 0, "stopped leader's fn saw its context live %d times after its trusted window ended", late)
 	// The resumed process campaigns again but cannot lead while this
 	// process does.
 	time.Sleep(300 * time.Millisecond)
@@ -335,7 +317,5 @@ func h3StoppedLeaderFnEnds(e *Env) {
 			starts++
 		}
 	}
-	if starts != 1 {
-		e.T.Errorf("the resumed leader started fn %d times, want once (the key is led from this process)", starts)
-	}
+	e.Check(starts == 1, "the resumed leader started fn %d times, want once (the key is led from this process)", starts)
 }

@@ -302,9 +302,7 @@ func CheckLog(grants []Grant) []string {
 func childCommand(e *Env, spec StressSpec) (*exec.Cmd, *strings.Builder) {
 	e.T.Helper()
 	exe, err := os.Executable()
-	if err != nil {
-		e.T.Fatalf("executable: %v", err)
-	}
+	e.Must(err, "executable")
 	var args []string
 	if testing.Testing() {
 		top, _, _ := strings.Cut(e.T.Name(), "/")
@@ -313,16 +311,12 @@ func childCommand(e *Env, spec StressSpec) (*exec.Cmd, *strings.Builder) {
 		args = os.Args[1:]
 	}
 	b, err := json.Marshal(spec)
-	if err != nil {
-		e.T.Fatalf("child spec: %v", err)
-	}
+	e.Must(err, "child spec")
 	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), childEnv+"="+string(b))
 	out := &strings.Builder{}
 	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		e.T.Fatalf("start child: %v", err)
-	}
+	e.Must(cmd.Start(), "start child")
 	return cmd, out
 }
 
@@ -362,22 +356,16 @@ func runStress(e *Env, n int, childSpec StressSpec, inproc func(table string) er
 	e.T.Helper()
 	ctx := e.Ctx()
 	table := e.Table("grants")
-	if err := CreateLogTable(ctx, e.DB, table); err != nil {
-		e.T.Fatalf("create log: %v", err)
-	}
+	e.Must(CreateLogTable(ctx, e.DB, table), "create log")
 	childSpec.LogTable = table
 	wait := SpawnChildren(e, n, childSpec)
 	err := inproc(table)
 	if cerr := wait(); cerr != nil {
 		err = errors.Join(err, cerr)
 	}
-	if err != nil {
-		e.T.Fatalf("stress workers: %v", err)
-	}
+	e.Must(err, "stress workers")
 	grants, err := ReadLog(ctx, e.DB, table)
-	if err != nil {
-		e.T.Fatalf("read log: %v", err)
-	}
+	e.Must(err, "read log")
 	for _, line := range CheckLog(grants) {
 		e.T.Errorf("%s", line)
 	}
@@ -419,18 +407,7 @@ func stressCaseFIFO(e *Env, sharedPercent, crashPercent, fifoPercent int) {
 		e.T.Errorf("only %d grants in %s (want >= %d); the stress did not stress", len(grants), dur, minGrants)
 	}
 	for _, w := range []string{"inproc", "proc0", "proc1"} {
-		if perWorker[w] == 0 {
-			e.T.Errorf("worker %s got no grant", w)
-		}
+		e.Check(perWorker[w] != 0, "worker %s got no grant", w)
 	}
-	if sharedPercent > 0 && (modes["shared"] == 0 || modes["exclusive"] == 0) {
-		e.T.Errorf("want both modes granted, got %v", modes)
-	}
-}
-
-func init() {
-	register(
-		Case{Name: "S1_StressMixedModesAcrossProcesses", Rule: "S1", Run: func(e *Env) { stressCase(e, 50, 0) }},
-		Case{Name: "S1_StressWithCrashedHolders", Rule: "S1", Run: func(e *Env) { stressCase(e, 30, 10) }},
-	)
+	e.Check(sharedPercent <= 0 || modes["shared"] != 0 && modes["exclusive"] != 0, "want both modes granted, got %v", modes)
 }

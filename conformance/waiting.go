@@ -19,7 +19,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// Cases of writer preference (SPEC W1) and reentrancy (SPEC W4).
+// Waiting and fairness (docs/contract.md): writers are not starved (W1), re-entrant acquires are refused (W4).
 func init() {
 	register(
 		Case{Name: "W1_WriterNotStarvedByReaders", Rule: "W1", Run: w1WriterNotStarved},
@@ -39,16 +39,11 @@ func init() {
 // liveMarker returns the live pending-writer marker of key, if any, as seen
 // by l's Holders (database time).
 func liveMarker(ctx context.Context, l *lock.Locker, key string) (lock.Holder, bool, error) {
-	hs, now, err := l.Holders(ctx, key)
-	if err != nil {
+	hs, err := liveOf(ctx, l, key, lock.PendingWriter)
+	if err != nil || len(hs) == 0 {
 		return lock.Holder{}, false, err
 	}
-	for _, h := range hs {
-		if h.Key == key && h.Mode == lock.PendingWriter && h.Expiry.After(now) {
-			return h, true, nil
-		}
-	}
-	return lock.Holder{}, false, nil
+	return hs[0], true, nil
 }
 
 // waitForMarker waits until key has a live marker placed by owner.
@@ -56,7 +51,7 @@ func waitForMarker(e *Env, l *lock.Locker, key, owner string, timeout time.Durat
 	e.T.Helper()
 	var m lock.Holder
 	var lastErr error
-	if !Eventually(timeout, func() bool {
+	e.Require(Eventually(timeout, func() bool {
 		h, ok, err := liveMarker(e.Ctx(), l, key)
 		if err != nil {
 			lastErr = err
@@ -64,9 +59,7 @@ func waitForMarker(e *Env, l *lock.Locker, key, owner string, timeout time.Durat
 		}
 		m = h
 		return ok && h.Owner == owner
-	}) {
-		e.T.Fatalf("no live pending-writer marker of %q on %q after %s (last seen %+v, err %v)", owner, key, timeout, m, lastErr)
-	}
+	}), "no live pending-writer marker of %q on %q after %s (last seen %+v, err %v)", owner, key, timeout, m, lastErr)
 	return m
 }
 
@@ -76,21 +69,17 @@ func waitForMarker(e *Env, l *lock.Locker, key, owner string, timeout time.Durat
 func readerBlocked(e *Env, r *lock.Locker, key, owner, what string) {
 	e.T.Helper()
 	ctx := e.Ctx()
-	if !Eventually(5*time.Second, func() bool {
+	e.Require(Eventually(5*time.Second, func() bool {
 		hs, now, err := r.Holders(ctx, key)
 		return err == nil && slices.ContainsFunc(hs, func(h lock.Holder) bool {
 			return h.Mode == lock.PendingWriter && h.Owner == owner && h.Expiry.Sub(now) >= 300*time.Millisecond
 		})
-	}) {
-		e.T.Fatalf("%s: no live marker of %q on %q", what, owner, key)
-	}
+	}), "%s: no live marker of %q on %q", what, owner, key)
 	s, err := r.TryAcquire(ctx, key, lock.Shared)
 	if err == nil {
 		_ = s.Release(ctx)
 	}
-	if !errors.Is(err, lock.ErrLocked) || !hasPendingWriter(err) {
-		e.T.Fatalf("%s: want ErrLocked naming the pending writer, got %v", what, err)
-	}
+	e.Require(errors.Is(err, lock.ErrLocked) && hasPendingWriter(err), "%s: want ErrLocked naming the pending writer, got %v", what, err)
 }
 
 // hasPendingWriter reports whether a LockedError names a pending writer.
@@ -154,27 +143,19 @@ func w1WriterNotStarved(e *Env) {
 	start := time.Now()
 	x, err := w.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(5*time.Second))
 	waited := time.Since(start)
-	if err != nil {
-		e.T.Fatalf("writer starved by overlapping readers: %v (waited %s)", err, waited)
-	}
+	e.Require(err == nil, "writer starved by overlapping readers: %v (waited %s)", err, waited)
 	e.T.Logf("writer granted after %s (reader hold %s; readers granted %d, %d times while it waited)",
 		waited.Round(time.Millisecond), hold, grants[0].Load()-before[0], grants[1].Load()-before[1])
 	if bound := 2*hold + slack; waited > bound {
 		e.T.Errorf("writer waited %s, want at most 2 reader holds + slack = %s", waited.Round(time.Millisecond), bound)
 	}
 	hs, now, err := w.Holders(ctx, key)
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
+	e.Must(err, "holders")
 	for _, h := range hs {
-		if h.Mode == lock.Shared && h.Expiry.After(now) {
-			e.T.Errorf("S1: shared lease live while the writer holds the key: %v", h)
-		}
+		e.Check(h.Mode != lock.Shared || !h.Expiry.After(now), "S1: shared lease live while the writer holds the key: %v", h)
 	}
 	time.Sleep(30 * time.Millisecond)
-	if err := x.Release(ctx); err != nil {
-		e.T.Fatalf("writer release: %v", err)
-	}
+	e.Must(x.Release(ctx), "writer release")
 	// The readers proceed once the writer is done.
 	after := [2]int64{grants[0].Load(), grants[1].Load()}
 	if !Eventually(3*time.Second, func() bool { return grants[0].Load() > after[0] && grants[1].Load() > after[1] }) {
@@ -248,10 +229,7 @@ func w1DeadWaiter(e *Env) {
 		slack     = 2 * time.Second
 	)
 	h := e.NewLocker(nil, lock.WithOwner("w1-holder"))
-	held, err := h.TryAcquire(ctx, key, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("holder: %v", err)
-	}
+	held := e.MustTryAcquire(h, key, lock.Shared)
 	defer held.Release(ctx)
 	child := startChild(e, StressSpec{
 		Role: "w1-waiter", Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace,
@@ -263,12 +241,10 @@ func w1DeadWaiter(e *Env) {
 	readerBlocked(e, r, key, owner, "reader while a writer waits")
 	// The live waiter keeps refreshing its marker: past one marker TTL it
 	// still blocks readers.
-	if !Eventually(5*time.Second, func() bool {
+	e.Require(Eventually(5*time.Second, func() bool {
 		m, ok, err := liveMarker(ctx, r, key)
 		return err == nil && ok && m.Expiry.Sub(first.Expiry) >= markerTTL
-	}) {
-		e.T.Fatalf("the live waiter's marker was not refreshed past one marker TTL (first expiry %v)", first.Expiry)
-	}
+	}), "the live waiter's marker was not refreshed past one marker TTL (first expiry %v)", first.Expiry)
 	readerBlocked(e, r, key, owner, "reader one marker TTL later, waiter alive")
 	m, ok, _ := liveMarker(ctx, r, key)
 	killed := time.Now()
@@ -281,9 +257,7 @@ func w1DeadWaiter(e *Env) {
 	}
 	rs, err := r.Acquire(ctx, key, lock.Shared, lock.WaitTimeout(10*time.Second))
 	blocked := time.Since(killed)
-	if err != nil {
-		e.T.Fatalf("reader after the waiter died: %v (after %s)", err, blocked)
-	}
+	e.Require(err == nil, "reader after the waiter died: %v (after %s)", err, blocked)
 	defer rs.Release(ctx)
 	e.T.Logf("reader blocked %s after the waiter died (marker TTL %s)", blocked.Round(time.Millisecond), markerTTL)
 	if bound := markerTTL + 20*time.Millisecond + slack; blocked > bound {
@@ -298,10 +272,7 @@ func w1GiveUpClearsMarker(e *Env) {
 	ctx := e.Ctx()
 	const key = "w1/give-up"
 	h := e.NewLocker(nil, lock.WithOwner("w1-holder"))
-	held, err := h.TryAcquire(ctx, key, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("holder: %v", err)
-	}
+	held := e.MustTryAcquire(h, key, lock.Shared)
 	defer held.Release(ctx)
 	// A marker that would block readers for 10 s if it were left behind.
 	w := e.NewLocker(nil, lock.WithOwner("w1-writer"), lock.WithMaxBackoff(20*time.Millisecond), lock.WithPendingWriterTTL(10*time.Second))
@@ -309,13 +280,9 @@ func w1GiveUpClearsMarker(e *Env) {
 	noMarker := func(what string) {
 		e.T.Helper()
 		hs, _, err := r.Holders(ctx, key)
-		if err != nil {
-			e.T.Fatalf("holders: %v", err)
-		}
+		e.Must(err, "holders")
 		for _, h := range hs {
-			if h.Mode == lock.PendingWriter {
-				e.T.Errorf("%s: marker left behind: %v", what, h)
-			}
+			e.Check(h.Mode != lock.PendingWriter, "%s: marker left behind: %v", what, h)
 		}
 	}
 	for _, how := range []string{"wait timeout", "context cancelled"} {
@@ -351,22 +318,14 @@ func w1GiveUpClearsMarker(e *Env) {
 		switch how {
 		case "wait timeout":
 			var le *lock.LockedError
-			if !errors.As(err, &le) || le.Waited <= 0 {
-				e.T.Fatalf("%s: want *LockedError with Waited > 0, got %v", how, err)
-			}
+			e.Require(errors.As(err, &le) && le.Waited > 0, "%s: want *LockedError with Waited > 0, got %v", how, err)
 		default:
-			if !errors.Is(err, context.Canceled) {
-				e.T.Fatalf("%s: want context.Canceled, got %v", how, err)
-			}
+			e.Require(errors.Is(err, context.Canceled), "%s: want context.Canceled, got %v", how, err)
 		}
 		rs, err := r.TryAcquire(ctx, key, lock.Shared)
-		if err != nil {
-			e.T.Fatalf("%s: reader right after the writer gave up: %v (marker not cleared)", how, err)
-		}
+		e.Require(err == nil, "%s: reader right after the writer gave up: %v (marker not cleared)", how, err)
 		noMarker(how)
-		if err := rs.Release(ctx); err != nil {
-			e.T.Fatalf("release: %v", err)
-		}
+		e.Must(rs.Release(ctx), "release")
 	}
 }
 
@@ -374,10 +333,7 @@ func w1GiveUpClearsMarker(e *Env) {
 func w1MarkerIsPerKey(e *Env) {
 	ctx := e.Ctx()
 	h := e.NewLocker(nil, lock.WithOwner("w1-holder"))
-	held, err := h.TryAcquire(ctx, "w1/a", lock.Shared)
-	if err != nil {
-		e.T.Fatalf("holder: %v", err)
-	}
+	held := e.MustTryAcquire(h, "w1/a", lock.Shared)
 	w := e.NewLocker(nil, lock.WithOwner("w1-writer"), lock.WithMaxBackoff(20*time.Millisecond), lock.WithPendingWriterTTL(5*time.Second))
 	r := e.NewLocker(nil, lock.WithOwner("w1-reader"))
 	wctx, cancel := context.WithCancel(ctx)
@@ -405,14 +361,10 @@ func w1MarkerIsPerKey(e *Env) {
 	if _, ok, err := liveMarker(ctx, r, "w1/a"); err != nil || !ok {
 		e.T.Errorf("writer's marker on w1/a gone while it waits: %v", err)
 	}
-	if err := held.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
+	e.Must(held.Release(ctx), "release")
 	select {
 	case err := <-done:
-		if err != nil {
-			e.T.Errorf("writer after the reader released: %v", err)
-		}
+		e.Check(err == nil, "writer after the reader released: %v", err)
 	case <-time.After(10 * time.Second):
 		e.T.Errorf("writer not granted after the reader released")
 	}
@@ -430,10 +382,7 @@ func w1SharedHoldersRenew(e *Env) {
 	var readers []*lock.Lease
 	for i := range 2 {
 		r := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithRenewTimeout(ttl/3), lock.WithOwner(fmt.Sprintf("w1-reader%d", i)))
-		le, err := r.TryAcquire(ctx, key, lock.Shared)
-		if err != nil {
-			e.T.Fatalf("reader %d: %v", i, err)
-		}
+		le := e.MustTryAcquire(r, key, lock.Shared)
 		defer le.Release(ctx)
 		readers = append(readers, le)
 	}
@@ -453,9 +402,7 @@ func w1SharedHoldersRenew(e *Env) {
 	err := <-done
 	waited := time.Since(start)
 	var le *lock.LockedError
-	if !errors.As(err, &le) {
-		e.T.Fatalf("writer: want *LockedError after its wait timeout, got %v", err)
-	}
+	e.Require(errors.As(err, &le), "writer: want *LockedError after its wait timeout, got %v", err)
 	ids := map[string]bool{}
 	for _, h := range le.Holders {
 		if h.Mode == lock.Shared {
@@ -463,25 +410,15 @@ func w1SharedHoldersRenew(e *Env) {
 		}
 	}
 	for i, r := range readers {
-		if !ids[r.LeaseID()] {
-			e.T.Errorf("writer's LockedError does not name reader %d: %v", i, le)
-		}
+		e.Check(ids[r.LeaseID()], "writer's LockedError does not name reader %d: %v", i, le)
 	}
 	hs, now, err := w.Holders(ctx, key)
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
+	e.Must(err, "holders")
 	for i, r := range readers {
-		if err := r.Err(); err != nil {
-			e.T.Errorf("reader %d lost its lease while a writer waited %s: %v", i, waited.Round(time.Millisecond), err)
-		}
+		e.CheckErr(r.Err(), "reader %d lost its lease while a writer waited %s", i, waited.Round(time.Millisecond))
 		live := slices.ContainsFunc(hs, func(h lock.Holder) bool { return h.LeaseID == r.LeaseID() && h.Expiry.After(now) })
-		if !live {
-			e.T.Errorf("reader %d: lease not live in the database after the writer waited: %v", i, hs)
-		}
-		if err := r.Renew(ctx); err != nil {
-			e.T.Errorf("reader %d: renew: %v", i, err)
-		}
+		e.Check(live, "reader %d: lease not live in the database after the writer waited: %v", i, hs)
+		e.CheckErr(r.Renew(ctx), "reader %d: renew", i)
 	}
 	if moved := readers[0].Expiry().Sub(first); moved < wait-2*ttl {
 		e.T.Errorf("reader expiry moved %s while the writer waited %s: not renewed", moved, waited.Round(time.Millisecond))
@@ -582,9 +519,7 @@ func w1Stress(e *Env) {
 	var report []string
 	for _, w := range writers {
 		report = append(report, fmt.Sprintf("%s=%d", w, perWorker[w]))
-		if perWorker[w] == 0 {
-			e.T.Errorf("writer %s was never granted in %s among back-to-back readers", w, dur)
-		}
+		e.Check(perWorker[w] != 0, "writer %s was never granted in %s among back-to-back readers", w, dur)
 	}
 	var readers []string
 	for w, n := range perWorker {
@@ -616,9 +551,7 @@ func w4Reentrant(e *Env) {
 		} else if errors.Is(err, lock.ErrLocked) {
 			e.T.Errorf("%s: ErrReentrant should not match ErrLocked: %v", what, err)
 		}
-		if took > time.Second {
-			e.T.Errorf("%s: refused after %s, want at once", what, took)
-		}
+		e.Check(took <= time.Second, "%s: refused after %s, want at once", what, took)
 	}
 	second := func(key string, held lock.Mode) {
 		e.T.Helper()
@@ -651,16 +584,11 @@ func w4Reentrant(e *Env) {
 	}
 	for _, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		key := "w4/" + m.String()
-		held, err := l.TryAcquire(ctx, key, m)
-		if err != nil {
-			e.T.Fatalf("first %s: %v", m, err)
-		}
+		held := e.MustTryAcquire(l, key, m)
 		second(key, m)
 		// Another Locker of the same process is another holder.
 		x, err := other.TryAcquire(ctx, key, lock.Exclusive)
-		if !errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrReentrant) {
-			e.T.Errorf("other Locker, exclusive while %s held: want ErrLocked (not ErrReentrant), got %v", m, err)
-		}
+		e.Check(errors.Is(err, lock.ErrLocked) && !errors.Is(err, lock.ErrReentrant), "other Locker, exclusive while %s held: want ErrLocked (not ErrReentrant), got %v", m, err)
 		if err == nil {
 			_ = x.Release(ctx)
 		}
@@ -672,24 +600,14 @@ func w4Reentrant(e *Env) {
 				_ = s.Release(ctx)
 			}
 		}
-		if err := held.Release(ctx); err != nil {
-			e.T.Fatalf("release: %v", err)
-		}
-		again, err := l.TryAcquire(ctx, key, m)
-		if err != nil {
-			e.T.Fatalf("same Locker after Release, %s: %v", m, err)
-		}
-		if again.Token() <= held.Token() {
-			e.T.Errorf("token %d after release not above %d", again.Token(), held.Token())
-		}
+		e.Must(held.Release(ctx), "release")
+		again := e.MustTryAcquire(l, key, m)
+		e.Check(again.Token() > held.Token(), "token %d after release not above %d", again.Token(), held.Token())
 		_ = again.Release(ctx)
 	}
 	// While the first acquire is still waiting.
 	const key = "w4/waiting"
-	blocker, err := other.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("blocker: %v", err)
-	}
+	blocker := e.MustTryAcquire(other, key, lock.Exclusive)
 	type result struct {
 		le  *lock.Lease
 		err error
@@ -706,24 +624,16 @@ func w4Reentrant(e *Env) {
 		e.T.Fatalf("first acquire ended while the key was held: %v", r.err)
 	default:
 	}
-	if err := blocker.Release(ctx); err != nil {
-		e.T.Fatalf("release blocker: %v", err)
-	}
+	e.Must(blocker.Release(ctx), "release blocker")
 	var r result
 	select {
 	case r = <-done:
 	case <-time.After(10 * time.Second):
 		e.T.Fatalf("waiting acquire not granted after the blocker released")
 	}
-	if r.err != nil {
-		e.T.Fatalf("waiting acquire (not deadlocked behind the refused reentrant calls): %v", r.err)
-	}
+	e.Must(r.err, "waiting acquire (not deadlocked behind the refused reentrant calls)")
 	second(key, lock.Exclusive)
-	if err := r.le.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
-	err = l.Do(ctx, key, lock.Shared, func(context.Context, *lock.Lease) error { return nil })
-	if err != nil {
-		e.T.Errorf("Do after Release: %v", err)
-	}
+	e.Must(r.le.Release(ctx), "release")
+	err := l.Do(ctx, key, lock.Shared, func(context.Context, *lock.Lease) error { return nil })
+	e.Check(err == nil, "Do after Release: %v", err)
 }

@@ -13,10 +13,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// Cases of readers in one process (SPEC W5): many goroutines of one Locker
-// hold shared leases of one key at once, each its own lease; writer
-// preference (W1) still holds around them; what would wait behind the
-// Locker itself is still refused (W4).
+// Waiting and fairness (docs/contract.md): many readers of one Locker (W5).
 func init() {
 	register(
 		Case{Name: "W5_ManyReadersOfOneLockerHoldTogether", Rule: "W5", Run: w5ManyReaders},
@@ -101,17 +98,9 @@ func (r *w5Readers) waitAll(e *Env, n int, timeout time.Duration) {
 // database reports them.
 func liveShared(e *Env, l *lock.Locker, key, owner string) []lock.Holder {
 	e.T.Helper()
-	hs, now, err := l.Holders(e.Ctx(), key)
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
-	var out []lock.Holder
-	for _, h := range hs {
-		if h.Key == key && h.Mode == lock.Shared && h.Owner == owner && h.Expiry.After(now) {
-			out = append(out, h)
-		}
-	}
-	return out
+	hs, err := liveOf(e.Ctx(), l, key, lock.Shared)
+	e.Must(err, "holders")
+	return slices.DeleteFunc(hs, func(h lock.Holder) bool { return h.Owner != owner })
 }
 
 // w5ManyReaders: 32 goroutines of one Locker acquire one key shared at the
@@ -134,22 +123,14 @@ func w5ManyReaders(e *Env) {
 	r.waitAll(e, n, 30*time.Second)
 	e.T.Logf("%d readers of one Locker granted together within %s", n, time.Since(start).Round(time.Millisecond))
 	live := liveShared(e, l, key, owner)
-	if len(live) != n {
-		e.T.Errorf("database lists %d live shared leases of %q while %d readers hold, want %d: %v", len(live), owner, n, n, live)
-	}
+	e.Check(len(live) == n, "database lists %d live shared leases of %q while %d readers hold, want %d: %v", len(live), owner, n, n, live)
 	r.mu.Lock()
 	ids, tokens := map[string]bool{}, map[int64]bool{}
 	for _, le := range r.leases {
-		if le.Mode() != lock.Shared || le.Key() != key {
-			e.T.Errorf("lease %s: mode %s key %q", le.LeaseID(), le.Mode(), le.Key())
-		}
-		if ids[le.LeaseID()] || tokens[le.Token()] {
-			e.T.Errorf("lease ID %s or token %d handed to two readers", le.LeaseID(), le.Token())
-		}
+		e.Check(le.Mode() == lock.Shared && le.Key() == key, "lease %s: mode %s key %q", le.LeaseID(), le.Mode(), le.Key())
+		e.Check(!ids[le.LeaseID()] && !tokens[le.Token()], "lease ID %s or token %d handed to two readers", le.LeaseID(), le.Token())
 		ids[le.LeaseID()], tokens[le.Token()] = true, true
-		if !slices.ContainsFunc(live, func(h lock.Holder) bool { return h.LeaseID == le.LeaseID() && h.Token == le.Token() }) {
-			e.T.Errorf("reader's lease %s token %d is not live in the database", le.LeaseID(), le.Token())
-		}
+		e.Check(slices.ContainsFunc(live, func(h lock.Holder) bool { return h.LeaseID == le.LeaseID() && h.Token == le.Token() }), "reader's lease %s token %d is not live in the database", le.LeaseID(), le.Token())
 	}
 	r.mu.Unlock()
 	// Another Locker's writer is refused while they hold.
@@ -164,13 +145,8 @@ func w5ManyReaders(e *Env) {
 	if live := liveShared(e, l, key, owner); len(live) != 0 {
 		e.T.Errorf("%d shared leases left after every reader released: %v", len(live), live)
 	}
-	x, err := l.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("same Locker, exclusive after all its readers released: %v", err)
-	}
-	if err := x.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	x := e.MustTryAcquire(l, key, lock.Exclusive)
+	e.CheckErr(x.Release(ctx), "release")
 }
 
 // w5WriterBetweenReaders: while 32 readers of one Locker hold a key, a
@@ -231,37 +207,27 @@ func w5WriterBetweenReaders(e *Env) {
 	case <-time.After(20 * time.Second):
 		e.T.Fatalf("writer not granted within 20s after the first readers released")
 	}
-	if wr.err != nil {
-		e.T.Fatalf("writer: %v", wr.err)
-	}
+	e.Must(wr.err, "writer")
 	e.T.Logf("writer granted %s after the first readers released", time.Since(released).Round(time.Millisecond))
 	// The later readers stay out while the writer holds.
 	time.Sleep(200 * time.Millisecond)
 	if g := later.granted.Load() + laterOther.granted.Load(); g != 0 {
 		e.T.Errorf("S1: %d later readers granted while the writer holds", g)
 	}
-	if err := wr.le.Release(ctx); err != nil {
-		e.T.Fatalf("writer release: %v", err)
-	}
+	e.Must(wr.le.Release(ctx), "writer release")
 	later.waitAll(e, late, 20*time.Second)
 	laterOther.waitAll(e, 1, 20*time.Second)
 
 	first.mu.Lock()
 	for _, le := range first.leases {
-		if le.Token() >= wr.le.Token() {
-			e.T.Errorf("first reader token %d not below the writer's %d", le.Token(), wr.le.Token())
-		}
+		e.Check(le.Token() < wr.le.Token(), "first reader token %d not below the writer's %d", le.Token(), wr.le.Token())
 	}
 	first.mu.Unlock()
 	for _, g := range []*w5Readers{later, laterOther} {
 		g.mu.Lock()
 		for _, le := range g.leases {
-			if le.Token() <= wr.le.Token() {
-				e.T.Errorf("W1: later reader (token %d) granted before the writer (token %d)", le.Token(), wr.le.Token())
-			}
-			if le.GrantedAt().Before(wr.le.GrantedAt()) {
-				e.T.Errorf("W1: later reader granted at %v (database time), before the writer at %v", le.GrantedAt(), wr.le.GrantedAt())
-			}
+			e.Check(le.Token() > wr.le.Token(), "W1: later reader (token %d) granted before the writer (token %d)", le.Token(), wr.le.Token())
+			e.Check(!le.GrantedAt().Before(wr.le.GrantedAt()), "W1: later reader granted at %v (database time), before the writer at %v", le.GrantedAt(), wr.le.GrantedAt())
 		}
 		g.mu.Unlock()
 	}
@@ -307,9 +273,7 @@ func w5Refused(e *Env) {
 		for _, form := range forms {
 			start := time.Now()
 			err := form.f()
-			if !errors.Is(err, lock.ErrReentrant) || errors.Is(err, lock.ErrLocked) {
-				e.T.Errorf("%s: %s %s: want ErrReentrant, got %v", what, form.name, m, err)
-			}
+			e.Check(errors.Is(err, lock.ErrReentrant) && !errors.Is(err, lock.ErrLocked), "%s: %s %s: want ErrReentrant, got %v", what, form.name, m, err)
 			if took := time.Since(start); took > time.Second {
 				e.T.Errorf("%s: %s %s refused after %s, want at once", what, form.name, m, took)
 			}
@@ -319,30 +283,17 @@ func w5Refused(e *Env) {
 	// Held shared (twice): a third shared acquire is granted, exclusive is
 	// refused.
 	const heldKey = "w5/refused/held-shared"
-	s1, err := l.TryAcquire(ctx, heldKey, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("first shared: %v", err)
-	}
-	s2, err := l.TryAcquire(ctx, heldKey, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("second shared of one Locker (SPEC W5): %v", err)
-	}
-	if s1.LeaseID() == s2.LeaseID() || s1.Token() == s2.Token() {
-		e.T.Errorf("two shared leases share lease ID or token: %s/%d, %s/%d", s1.LeaseID(), s1.Token(), s2.LeaseID(), s2.Token())
-	}
+	s1 := e.MustTryAcquire(l, heldKey, lock.Shared)
+	s2 := e.MustTryAcquire(l, heldKey, lock.Shared)
+	e.Check(s1.LeaseID() != s2.LeaseID() && s1.Token() != s2.Token(), "two shared leases share lease ID or token: %s/%d, %s/%d", s1.LeaseID(), s1.Token(), s2.LeaseID(), s2.Token())
 	refused("held shared", heldKey, lock.Exclusive)
-	if err := l.Do(ctx, heldKey, lock.Shared, func(context.Context, *lock.Lease) error { return nil }, lock.WaitTimeout(5*time.Second)); err != nil {
-		e.T.Errorf("held shared: Do shared: %v", err)
-	}
+	e.CheckErr(l.Do(ctx, heldKey, lock.Shared, func(context.Context, *lock.Lease) error { return nil }, lock.WaitTimeout(5*time.Second)), "held shared: Do shared")
 
 	// Waiting shared (behind another Locker's exclusive holder): another
 	// shared acquire waits like any reader (ErrLocked after its wait
 	// timeout, not ErrReentrant); exclusive is refused.
 	const waitKey = "w5/refused/waiting-shared"
-	blocker, err := other.TryAcquire(ctx, waitKey, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("blocker: %v", err)
-	}
+	blocker := e.MustTryAcquire(other, waitKey, lock.Exclusive)
 	type result struct {
 		le  *lock.Lease
 		err error
@@ -362,48 +313,32 @@ func w5Refused(e *Env) {
 		le, err := l.Acquire(ctx, waitKey, lock.Shared, lock.WaitTimeout(20*time.Second))
 		waiting <- result{le, err}
 	}()
-	if !Eventually(10*time.Second, func() bool { return polls() > before }) {
-		e.T.Fatalf("the waiting shared acquire sent no poll")
-	}
+	e.Require(Eventually(10*time.Second, func() bool { return polls() > before }), "the waiting shared acquire sent no poll")
 	refused("waiting shared", waitKey, lock.Exclusive)
 	if _, err := l.Acquire(ctx, waitKey, lock.Shared, lock.WaitTimeout(200*time.Millisecond)); !errors.Is(err, lock.ErrLocked) || errors.Is(err, lock.ErrReentrant) {
 		e.T.Errorf("waiting shared: second shared Acquire: want ErrLocked after its wait timeout, got %v", err)
 	}
-	if err := blocker.Release(ctx); err != nil {
-		e.T.Fatalf("release blocker: %v", err)
-	}
+	e.Must(blocker.Release(ctx), "release blocker")
 	var wr result
 	select {
 	case wr = <-waiting:
 	case <-time.After(20 * time.Second):
 		e.T.Fatalf("waiting shared acquire not granted after the blocker released")
 	}
-	if wr.err != nil {
-		e.T.Fatalf("waiting shared acquire: %v", wr.err)
-	}
-	if err := wr.le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.Must(wr.err, "waiting shared acquire")
+	e.CheckErr(wr.le.Release(ctx), "release")
 
 	// Held exclusive: both modes refused.
 	const xKey = "w5/refused/held-exclusive"
-	x, err := l.TryAcquire(ctx, xKey, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("exclusive: %v", err)
-	}
+	x := e.MustTryAcquire(l, xKey, lock.Exclusive)
 	refused("held exclusive", xKey, lock.Shared)
 	refused("held exclusive", xKey, lock.Exclusive)
-	if err := x.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
+	e.Must(x.Release(ctx), "release")
 
 	// Waiting exclusive (behind another Locker's reader): both modes
 	// refused, the waiting acquire is not disturbed.
 	const wxKey = "w5/refused/waiting-exclusive"
-	rb, err := other.TryAcquire(ctx, wxKey, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("reader blocker: %v", err)
-	}
+	rb := e.MustTryAcquire(other, wxKey, lock.Shared)
 	go func() {
 		le, err := l.Acquire(ctx, wxKey, lock.Exclusive, lock.WaitTimeout(20*time.Second))
 		waiting <- result{le, err}
@@ -411,30 +346,20 @@ func w5Refused(e *Env) {
 	waitForMarker(e, other, wxKey, "w5-l", 10*time.Second)
 	refused("waiting exclusive", wxKey, lock.Shared)
 	refused("waiting exclusive", wxKey, lock.Exclusive)
-	if err := rb.Release(ctx); err != nil {
-		e.T.Fatalf("release reader blocker: %v", err)
-	}
+	e.Must(rb.Release(ctx), "release reader blocker")
 	select {
 	case wr = <-waiting:
 	case <-time.After(20 * time.Second):
 		e.T.Fatalf("waiting exclusive acquire not granted after the reader released")
 	}
-	if wr.err != nil {
-		e.T.Fatalf("waiting exclusive acquire: %v", wr.err)
-	}
-	if err := wr.le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.Must(wr.err, "waiting exclusive acquire")
+	e.CheckErr(wr.le.Release(ctx), "release")
 
 	// Releasing one of two shared leases keeps the key held: exclusive is
 	// still refused; after the last one it is granted.
-	if err := s1.Release(ctx); err != nil {
-		e.T.Fatalf("release first shared: %v", err)
-	}
+	e.Must(s1.Release(ctx), "release first shared")
 	refused("one of two shared leases released", heldKey, lock.Exclusive)
-	if err := s2.Release(ctx); err != nil {
-		e.T.Fatalf("release second shared: %v", err)
-	}
+	e.Must(s2.Release(ctx), "release second shared")
 	for _, key := range []string{heldKey, waitKey, xKey, wxKey} {
 		x, err := l.TryAcquire(ctx, key, lock.Exclusive)
 		if err != nil {
@@ -458,14 +383,8 @@ func w5EachReaderAlone(e *Env) {
 	)
 	l := e.NewLocker(nil, lock.WithOwner("w5-l"), lock.WithTTL(ttl), lock.WithMaxBackoff(20*time.Millisecond))
 	other := e.NewLocker(nil, lock.WithOwner("w5-writer"), lock.WithTTL(ttl))
-	a, err := l.TryAcquire(ctx, key, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("first shared: %v", err)
-	}
-	b, err := l.TryAcquire(ctx, key, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("second shared: %v", err)
-	}
+	a := e.MustTryAcquire(l, key, lock.Shared)
+	b := e.MustTryAcquire(l, key, lock.Shared)
 	// A third shared acquire that fails (a writer of another Locker waits,
 	// so it waits too, until its timeout) forgets only itself.
 	wctx, cancel := context.WithCancel(ctx)
@@ -494,31 +413,18 @@ func w5EachReaderAlone(e *Env) {
 	}
 	// Lose one: orphaned, it is reported lost when its window ends.
 	a.Orphan()
-	select {
-	case <-a.Done():
-	case <-time.After(10 * ttl):
-		e.T.Fatalf("orphaned lease not reported lost")
-	}
-	if !errors.Is(a.Err(), lock.ErrLeaseLost) {
-		e.T.Errorf("orphaned lease: want ErrLeaseLost, got %v", a.Err())
-	}
+	e.Require(!lcWaitDone(a, 10*ttl).IsZero(), "orphaned lease not reported lost")
+	e.Check(errors.Is(a.Err(), lock.ErrLeaseLost), "orphaned lease: want ErrLeaseLost, got %v", a.Err())
 	// The other lives on (renewed past several TTLs) and still counts.
 	time.Sleep(2 * ttl)
-	if err := b.Err(); err != nil {
-		e.T.Fatalf("the other shared lease ended with the lost one: %v", err)
-	}
+	e.Must(b.Err(), "the other shared lease ended with the lost one")
 	if live := liveShared(e, l, key, "w5-l"); !slices.ContainsFunc(live, func(h lock.Holder) bool { return h.LeaseID == b.LeaseID() }) {
 		e.T.Errorf("the other shared lease is not live in the database: %v", live)
 	}
 	if _, err := l.TryAcquire(ctx, key, lock.Exclusive); !errors.Is(err, lock.ErrReentrant) {
 		e.T.Errorf("exclusive with one shared lease lost and one held: want ErrReentrant, got %v", err)
 	}
-	if err := b.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
-	x, err := l.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
-	if err != nil {
-		e.T.Fatalf("exclusive after the last shared lease ended: %v", err)
-	}
+	e.Must(b.Release(ctx), "release")
+	x := e.MustAcquire(l, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
 	_ = x.Release(ctx)
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// Cases of strict FIFO waiting (SPEC W6), on dialects with CapFIFO.
+// Waiting and fairness (docs/contract.md): strict arrival order with lock.FIFO (W6).
 func init() {
 	register(
 		Case{Name: "W6_GrantsFollowArrivalOrderAcrossProcesses", Rule: "W6", Needs: dialect.CapFIFO, Run: w6ArrivalOrder},
@@ -25,7 +25,6 @@ func init() {
 		Case{Name: "W6_FIFOAndDefaultOnDifferentKeysDoNotInteract", Rule: "W6", Needs: dialect.CapFIFO, Run: w6DifferentKeys},
 		Case{Name: "W6_StressMixedFIFOAndDefaultAcrossProcesses", Rule: "W6", Needs: dialect.CapFIFO, Run: func(e *Env) { stressCaseFIFO(e, 50, 0, 50) }},
 		Case{Name: "W6_FIFOOptionFollowsCapability", Rule: "W6", Run: w6Capability},
-		Case{Name: "D2_ExpiredFIFOTicketsSwept", Rule: "D2", Needs: dialect.CapFIFO, Run: d2TicketsSwept},
 	)
 	childRoles["w6-queue"] = w6QueueChild
 	childRoles["w6-waiter"] = w6WaiterChild
@@ -181,10 +180,7 @@ func w6ArrivalOrder(e *Env) {
 		e.T.Fatalf("create log: %v", err)
 	}
 	h := e.NewLocker(nil, lock.WithOwner("w6-holder"))
-	held, err := h.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("holder: %v", err)
-	}
+	held := e.MustTryAcquire(h, key, lock.Exclusive)
 	wait := SpawnChildren(e, procs, StressSpec{
 		Role: "w6-queue", Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace,
 		LogTable: table, WaitTimeout: 60 * time.Second,
@@ -197,16 +193,10 @@ func w6ArrivalOrder(e *Env) {
 		return qerr == nil && len(queue) == len(w6Modes)
 	})
 	arrived := time.Now()
-	if err := held.Release(ctx); err != nil {
-		e.T.Errorf("holder release: %v", err)
-	}
+	e.CheckErr(held.Release(ctx), "holder release")
 	cerr := wait()
-	if !queued {
-		e.T.Fatalf("%d of %d waiters queued (err %v); children: %v", len(queue), len(w6Modes), qerr, cerr)
-	}
-	if cerr != nil {
-		e.T.Fatalf("waiters: %v", cerr)
-	}
+	e.Require(queued, "%d of %d waiters queued (err %v); children: %v", len(queue), len(w6Modes), qerr, cerr)
+	e.Require(cerr == nil, "waiters: %v", cerr)
 	e.T.Logf("queue of %d complete; all granted and done %s after the holder released", len(queue), time.Since(arrived).Round(time.Millisecond))
 	for i, t := range queue {
 		if want := fmt.Sprintf("w6-%02d", i); t.Owner != want {
@@ -220,23 +210,17 @@ func w6ArrivalOrder(e *Env) {
 		token, granted, releasedUS int64
 	}
 	rows, err := e.DB.QueryContext(ctx, `SELECT seq, mode, token, granted_us, released_us FROM `+table+` ORDER BY seq`)
-	if err != nil {
-		e.T.Fatalf("read log: %v", err)
-	}
+	e.Must(err, "read log")
 	var log []row
 	var grants []Grant
 	for rows.Next() {
 		var r row
-		if err := rows.Scan(&r.seq, &r.mode, &r.token, &r.granted, &r.releasedUS); err != nil {
-			e.T.Fatalf("scan log: %v", err)
-		}
+		e.Must(rows.Scan(&r.seq, &r.mode, &r.token, &r.granted, &r.releasedUS), "scan log")
 		log = append(log, r)
 		grants = append(grants, Grant{Key: key, Token: r.token, Mode: r.mode, Acquired: r.granted, Released: r.releasedUS, Worker: strconv.Itoa(r.seq)})
 	}
 	rows.Close()
-	if len(log) != len(w6Modes) {
-		e.T.Fatalf("%d grants logged, want %d", len(log), len(w6Modes))
-	}
+	e.Require(len(log) == len(w6Modes), "%d grants logged, want %d", len(log), len(w6Modes))
 	// Runs: consecutive shared waiters form one run; each exclusive one is
 	// a run of its own.
 	var runs [][]row
@@ -265,14 +249,8 @@ func w6ArrivalOrder(e *Env) {
 		prev := runs[k-1]
 		for _, p := range prev {
 			for _, r := range run {
-				if r.token <= p.token || r.granted < p.granted {
-					e.T.Errorf("waiter %d (%s, token %d, granted %d) went before earlier waiter %d (%s, token %d, granted %d)",
-						r.seq, r.mode, r.token, r.granted, p.seq, p.mode, p.token, p.granted)
-				}
-				if (p.mode == "exclusive" || r.mode == "exclusive") && r.granted < p.releasedUS {
-					e.T.Errorf("waiter %d (%s) granted at %d while earlier waiter %d (%s) held until %d",
-						r.seq, r.mode, r.granted, p.seq, p.mode, p.releasedUS)
-				}
+				e.Check(r.token > p.token && r.granted >= p.granted, "waiter %d (%s, token %d, granted %d) went before earlier waiter %d (%s, token %d, granted %d)", r.seq, r.mode, r.token, r.granted, p.seq, p.mode, p.token, p.granted)
+				e.Check(p.mode != "exclusive" && r.mode != "exclusive" || r.granted >= p.releasedUS, "waiter %d (%s) granted at %d while earlier waiter %d (%s) held until %d", r.seq, r.mode, r.granted, p.seq, p.mode, p.releasedUS)
 			}
 		}
 	}
@@ -321,10 +299,7 @@ func w6DeadWaiter(e *Env) {
 		slack     = 3 * time.Second // polls and statements on a loaded machine (3.04 s seen with 2 s)
 	)
 	h := e.NewLocker(nil, lock.WithOwner("w6-holder"))
-	held, err := h.TryAcquire(ctx, key, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("holder: %v", err)
-	}
+	held := e.MustTryAcquire(h, key, lock.Shared)
 	defer held.Release(ctx)
 	child := startChild(e, StressSpec{
 		Role: "w6-waiter", Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace,
@@ -332,16 +307,14 @@ func w6DeadWaiter(e *Env) {
 		Extra:       map[string]string{"key": key, "owner": owner, "mode": "x", "ticket_ttl": ticketTTL.String()},
 	})
 	var first lock.Holder
-	if !Eventually(20*time.Second, func() bool {
+	e.Require(Eventually(20*time.Second, func() bool {
 		ts, err := w6Tickets(ctx, h, key)
 		if err == nil && len(ts) == 1 && ts[0].Owner == owner {
 			first = ts[0]
 			return true
 		}
 		return false
-	}) {
-		e.T.Fatalf("no ticket of the child waiter on %q", key)
-	}
+	}), "no ticket of the child waiter on %q", key)
 	b := e.NewLocker(nil, lock.WithOwner("w6-behind"), lock.WithMaxBackoff(20*time.Millisecond))
 	type result struct {
 		le  *lock.Lease
@@ -355,16 +328,14 @@ func w6DeadWaiter(e *Env) {
 	// The live waiter refreshes its ticket past one TTL; meanwhile the
 	// reader behind it stays queued.
 	var last lock.Holder
-	if !Eventually(10*time.Second, func() bool {
+	e.Require(Eventually(10*time.Second, func() bool {
 		ts, err := w6Tickets(ctx, h, key)
 		if err != nil || len(ts) != 2 || ts[0].Owner != owner || ts[1].Owner != "w6-behind" {
 			return false
 		}
 		last = ts[0]
 		return ts[0].Expiry.Sub(first.Expiry) >= ticketTTL
-	}) {
-		e.T.Fatalf("want the child's ticket refreshed past one TTL with the reader queued behind it; last seen %+v", last)
-	}
+	}), "want the child's ticket refreshed past one TTL with the reader queued behind it; last seen %+v", last)
 	select {
 	case r := <-behind:
 		e.T.Fatalf("W6: a shared FIFO waiter behind a live exclusive ticket ended: %v", r.err)
@@ -386,14 +357,10 @@ func w6DeadWaiter(e *Env) {
 		e.T.Fatalf("the reader behind a dead waiter was not granted")
 	}
 	blocked := time.Since(killed)
-	if r.err != nil {
-		e.T.Fatalf("reader behind a dead waiter: %v", r.err)
-	}
+	e.Must(r.err, "reader behind a dead waiter")
 	defer r.le.Release(ctx)
 	e.T.Logf("reader granted %s after the waiter ahead died (ticket TTL %s)", blocked.Round(time.Millisecond), ticketTTL)
-	if r.le.GrantedAt().Before(last.Expiry) {
-		e.T.Errorf("reader granted at %v (database time), before the dead waiter's ticket expired at %v", r.le.GrantedAt(), last.Expiry)
-	}
+	e.Check(!r.le.GrantedAt().Before(last.Expiry), "reader granted at %v (database time), before the dead waiter's ticket expired at %v", r.le.GrantedAt(), last.Expiry)
 	if bound := ticketTTL + slack; blocked > bound {
 		e.T.Errorf("dead waiter delayed the queue %s, want at most one ticket TTL + slack = %s", blocked.Round(time.Millisecond), bound)
 	}
@@ -409,10 +376,7 @@ func w6TryAndGiveUp(e *Env) {
 	ctx := e.Ctx()
 	const key = "w6/try"
 	h := e.NewLocker(nil, lock.WithOwner("w6-holder"))
-	held, err := h.TryAcquire(ctx, key, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("holder: %v", err)
-	}
+	held := e.MustTryAcquire(h, key, lock.Shared)
 	defer held.Release(ctx)
 	w := e.NewLocker(nil, lock.WithOwner("w6-waiter"), lock.WithMaxBackoff(20*time.Millisecond), lock.WithPendingWriterTTL(20*time.Second))
 	gaveUp := make(chan error, 1)
@@ -423,12 +387,10 @@ func w6TryAndGiveUp(e *Env) {
 		}
 		gaveUp <- err
 	}()
-	if !Eventually(10*time.Second, func() bool {
+	e.Require(Eventually(10*time.Second, func() bool {
 		ts, err := w6Tickets(ctx, h, key)
 		return err == nil && len(ts) == 1 && ts[0].Owner == "w6-waiter"
-	}) {
-		e.T.Fatalf("no ticket of the waiter on %q", key)
-	}
+	}), "no ticket of the waiter on %q", key)
 	r := e.NewLocker(nil, lock.WithOwner("w6-try"))
 	for _, try := range []struct {
 		name string
@@ -444,28 +406,21 @@ func w6TryAndGiveUp(e *Env) {
 			_ = le.Release(ctx)
 		}
 		var lerr *lock.LockedError
-		if !errors.As(err, &lerr) || !slices.ContainsFunc(lerr.Holders, func(h lock.Holder) bool { return h.Mode == lock.Queued && h.Owner == "w6-waiter" }) {
-			e.T.Errorf("shared FIFO %s behind a queued writer: want ErrLocked naming its ticket, got %v", try.name, err)
-		}
+		e.Check(errors.As(err, &lerr) && slices.ContainsFunc(lerr.Holders, func(h lock.Holder) bool { return h.Mode == lock.Queued && h.Owner == "w6-waiter" }), "shared FIFO %s behind a queued writer: want ErrLocked naming its ticket, got %v", try.name, err)
 	}
 	if ts, err := w6Tickets(ctx, h, key); err != nil || len(ts) != 1 {
 		e.T.Errorf("after refused tries: tickets %v (err %v), want only the waiter's", ts, err)
 	}
 	select {
 	case err := <-gaveUp:
-		if !errors.Is(err, lock.ErrLocked) {
-			e.T.Fatalf("waiter: want ErrLocked after its wait timeout, got %v", err)
-		}
+		e.Require(errors.Is(err, lock.ErrLocked), "waiter: want ErrLocked after its wait timeout, got %v", err)
 	case <-time.After(15 * time.Second):
 		e.T.Fatalf("waiter did not give up")
 	}
 	if ts, err := w6Tickets(ctx, h, key); err != nil || len(ts) != 0 {
 		e.T.Errorf("after the waiter gave up: tickets %v (err %v), want none", ts, err)
 	}
-	le, err := r.TryAcquire(ctx, key, lock.Shared, lock.FIFO())
-	if err != nil {
-		e.T.Fatalf("shared FIFO try after the queue emptied: %v", err)
-	}
+	le := e.MustTryAcquire(r, key, lock.Shared, lock.FIFO())
 	_ = le.Release(ctx)
 }
 
@@ -480,10 +435,7 @@ func w6DifferentKeys(e *Env) {
 		keyB = "w6/keys/b"
 	)
 	h := e.NewLocker(nil, lock.WithOwner("w6-holder"))
-	heldA, err := h.TryAcquire(ctx, keyA, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("holder of A: %v", err)
-	}
+	heldA := e.MustTryAcquire(h, keyA, lock.Exclusive)
 	type result struct {
 		le  *lock.Lease
 		err error
@@ -492,30 +444,24 @@ func w6DifferentKeys(e *Env) {
 	results := make([]result, 2)
 	for i, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
 		owner := fmt.Sprintf("w6-a%d", i)
-		if i == 1 && !Eventually(10*time.Second, func() bool {
+		e.Require(i != 1 || Eventually(10*time.Second, func() bool {
 			ts, err := w6Tickets(ctx, h, keyA)
 			return err == nil && len(ts) == 1
-		}) {
-			e.T.Fatalf("first FIFO waiter of A not queued")
-		}
+		}), "first FIFO waiter of A not queued")
 		l := e.NewLocker(nil, lock.WithOwner(owner), lock.WithMaxBackoff(20*time.Millisecond))
 		e.Go(&wg, func() {
 			le, err := l.Acquire(ctx, keyA, m, lock.FIFO(), lock.WaitTimeout(30*time.Second))
 			results[i] = result{le, err}
 			if err == nil {
 				time.Sleep(100 * time.Millisecond)
-				if err := le.Release(ctx); err != nil {
-					e.T.Errorf("release A: %v", err)
-				}
+				e.CheckErr(le.Release(ctx), "release A")
 			}
 		})
 	}
-	if !Eventually(10*time.Second, func() bool {
+	e.Require(Eventually(10*time.Second, func() bool {
 		ts, err := w6Tickets(ctx, h, keyA)
 		return err == nil && len(ts) == 2
-	}) {
-		e.T.Fatalf("FIFO waiters of A not queued")
-	}
+	}), "FIFO waiters of A not queued")
 	// Key B: FIFO and default acquires are granted at once.
 	o := e.NewLocker(nil, lock.WithOwner("w6-b"), lock.WithMaxBackoff(20*time.Millisecond))
 	for _, m := range []lock.Mode{lock.Exclusive, lock.Shared} {
@@ -534,10 +480,7 @@ func w6DifferentKeys(e *Env) {
 	}
 	// A default writer waiting on B is granted right after B's holder
 	// releases.
-	heldB, err := h.TryAcquire(ctx, keyB, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("holder of B: %v", err)
-	}
+	heldB := e.MustTryAcquire(h, keyB, lock.Shared)
 	bw := make(chan result, 1)
 	go func() {
 		le, err := o.Acquire(ctx, keyB, lock.Exclusive, lock.WaitTimeout(30*time.Second))
@@ -545,14 +488,10 @@ func w6DifferentKeys(e *Env) {
 	}()
 	waitForMarker(e, h, keyB, "w6-b", 10*time.Second)
 	released := time.Now()
-	if err := heldB.Release(ctx); err != nil {
-		e.T.Fatalf("release B: %v", err)
-	}
+	e.Must(heldB.Release(ctx), "release B")
 	select {
 	case r := <-bw:
-		if r.err != nil {
-			e.T.Fatalf("default writer of B: %v", r.err)
-		}
+		e.Must(r.err, "default writer of B")
 		if took := time.Since(released); took > 2*time.Second {
 			e.T.Errorf("default writer of B granted %s after B was released, while A had a queue", took)
 		}
@@ -564,19 +503,13 @@ func w6DifferentKeys(e *Env) {
 		e.T.Errorf("A's queue changed meanwhile: %v (err %v)", ts, err)
 	}
 	// A is served in order once released.
-	if err := heldA.Release(ctx); err != nil {
-		e.T.Fatalf("release A: %v", err)
-	}
+	e.Must(heldA.Release(ctx), "release A")
 	wg.Wait()
 	for i, r := range results {
-		if r.err != nil {
-			e.T.Fatalf("FIFO waiter %d of A: %v", i, r.err)
-		}
+		e.Must(r.err, "FIFO waiter %d of A", i)
 	}
 	x, s := results[0].le, results[1].le
-	if s.Token() <= x.Token() {
-		e.T.Errorf("shared waiter of A (token %d) granted before the exclusive one queued ahead of it (token %d)", s.Token(), x.Token())
-	}
+	e.Check(s.Token() > x.Token(), "shared waiter of A (token %d) granted before the exclusive one queued ahead of it (token %d)", s.Token(), x.Token())
 }
 
 // w6Capability: on a dialect with CapFIFO a FIFO acquire works; without it,
@@ -586,110 +519,12 @@ func w6Capability(e *Env) {
 	l := e.NewLocker(nil, lock.WithOwner("w6-cap"))
 	le, err := l.TryAcquire(ctx, "w6/cap", lock.Exclusive, lock.FIFO())
 	if !dialect.CapabilitiesOf(e.Dialect).Has(dialect.CapFIFO) {
-		if !errors.Is(err, errors.ErrUnsupported) {
-			e.T.Errorf("FIFO acquire without CapFIFO: want errors.ErrUnsupported, got %v", err)
-		}
+		e.Check(errors.Is(err, errors.ErrUnsupported), "FIFO acquire without CapFIFO: want errors.ErrUnsupported, got %v", err)
 		if err == nil {
 			_ = le.Release(ctx)
 		}
 		le, err = l.TryAcquire(ctx, "w6/cap", lock.Exclusive)
 	}
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
-}
-
-// d2TicketsSwept: the ticket of a FIFO waiter that died stays in the table
-// after it expires until Sweep removes it (with the dead waiter's marker);
-// the live ticket of a waiter on another key survives the sweep, and
-// RowCount counts tickets.
-func d2TicketsSwept(e *Env) {
-	ctx := e.Ctx()
-	const (
-		deadKey   = "d2/tickets/dead"
-		liveKey   = "d2/tickets/live"
-		owner     = "d2-dead-waiter"
-		ticketTTL = 500 * time.Millisecond
-	)
-	h := e.NewLocker(nil, lock.WithOwner("d2-holder"))
-	for _, key := range []string{deadKey, liveKey} {
-		held, err := h.TryAcquire(ctx, key, lock.Shared)
-		if err != nil {
-			e.T.Fatalf("holder of %s: %v", key, err)
-		}
-		defer held.Release(ctx)
-	}
-	child := startChild(e, StressSpec{
-		Role: "w6-waiter", Dialect: e.Dialect.Name(), Driver: e.Config.DriverName, DSN: e.DSN, Namespace: e.Namespace,
-		WaitTimeout: 60 * time.Second,
-		Extra:       map[string]string{"key": deadKey, "owner": owner, "mode": "x", "ticket_ttl": ticketTTL.String()},
-	})
-	if !Eventually(20*time.Second, func() bool {
-		ts, err := w6Tickets(ctx, h, deadKey)
-		return err == nil && len(ts) == 1 && ts[0].Owner == owner
-	}) {
-		e.T.Fatalf("no ticket of the child waiter on %q", deadKey)
-	}
-	child.kill()
-	live := e.NewLocker(nil, lock.WithOwner("d2-live-waiter"))
-	done := make(chan error, 1)
-	lctx, cancel := context.WithCancel(ctx)
-	defer func() {
-		cancel()
-		<-done
-	}()
-	go func() {
-		le, err := live.Acquire(lctx, liveKey, lock.Exclusive, lock.FIFO())
-		if err == nil {
-			_ = le.Release(ctx)
-		}
-		done <- err
-	}()
-	if !Eventually(10*time.Second, func() bool {
-		ts, err := w6Tickets(ctx, h, liveKey)
-		return err == nil && len(ts) == 1
-	}) {
-		e.T.Fatalf("no ticket of the live waiter on %q", liveKey)
-	}
-	// The dead ticket expires but stays until something removes it.
-	tickets := func(key string) []lock.Holder {
-		hs, _, err := h.Holders(ctx, key)
-		if err != nil {
-			e.T.Fatalf("holders: %v", err)
-		}
-		var out []lock.Holder
-		for _, x := range hs {
-			if x.Mode == lock.Queued {
-				out = append(out, x)
-			}
-		}
-		return out
-	}
-	time.Sleep(2 * ticketTTL)
-	if ts := tickets(deadKey); len(ts) != 1 {
-		e.T.Fatalf("dead waiter's ticket: %v, want it left behind (expired)", ts)
-	}
-	before, err := h.RowCount(ctx)
-	if err != nil {
-		e.T.Fatalf("row count: %v", err)
-	}
-	if _, err := h.Sweep(ctx, 100); err != nil {
-		e.T.Fatalf("sweep: %v", err)
-	}
-	after, err := h.RowCount(ctx)
-	if err != nil {
-		e.T.Fatalf("row count: %v", err)
-	}
-	if ts := tickets(deadKey); len(ts) != 0 {
-		e.T.Errorf("sweep left the dead waiter's expired ticket: %v", ts)
-	}
-	if ts := tickets(liveKey); len(ts) != 1 {
-		e.T.Errorf("sweep removed a live ticket: %v", ts)
-	}
-	if after >= before {
-		e.T.Errorf("row count %d before the sweep, %d after: the expired ticket should be counted and removed", before, after)
-	}
+	e.Must(err, "acquire")
+	e.CheckErr(le.Release(ctx), "release")
 }

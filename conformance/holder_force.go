@@ -8,9 +8,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// Forced release (Locker.ForceRelease, `sqlease release`): the holder is
-// told as after any deletion of its row (H3), cannot write (F2), and the
-// waiters keep their places (W1).
+// The holder's view (docs/contract.md): a force-released holder learns of its loss (H3); its waiters stay queued (W1).
 func init() {
 	register(
 		Case{Name: "H3_ForceReleaseSignalsLossAndFencesOut", Rule: "H3", Run: h3ForceRelease},
@@ -24,17 +22,13 @@ const frTTL = 1200 * time.Millisecond
 // frWant checks that removed is exactly the leases want, in any order.
 func frWant(e *Env, what string, removed []lock.Holder, want ...*lock.Lease) {
 	e.T.Helper()
-	if len(removed) != len(want) {
-		e.T.Fatalf("%s: removed %v, want %d leases", what, removed, len(want))
-	}
+	e.Require(len(removed) == len(want), "%s: removed %v, want %d leases", what, removed, len(want))
 	for _, le := range want {
 		found := false
 		for _, h := range removed {
 			found = found || (h.LeaseID == le.LeaseID() && h.Token == le.Token() && h.Mode == le.Mode() && h.Key == le.Key())
 		}
-		if !found {
-			e.T.Errorf("%s: removed %v, missing lease %s token %d", what, removed, le.LeaseID(), le.Token())
-		}
+		e.Check(found, "%s: removed %v, missing lease %s token %d", what, removed, le.LeaseID(), le.Token())
 	}
 }
 
@@ -49,21 +43,13 @@ func h3ForceRelease(e *Env) {
 	const key = "force/k"
 	g := newGuarded(e)
 	op, hl, other := e.NewLocker(nil, lock.WithTTL(frTTL)), e.NewLocker(nil, lock.WithTTL(frTTL)), e.NewLocker(nil, lock.WithTTL(frTTL))
-	x, err := hl.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	neighbour, err := other.TryAcquire(ctx, key+"2", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire neighbour: %v", err)
-	}
+	x := e.MustTryAcquire(hl, key, lock.Exclusive)
+	neighbour := e.MustTryAcquire(other, key+"2", lock.Exclusive)
 	if _, err := op.ForceRelease(ctx, ""); !errors.Is(err, lock.ErrInvalidInput) {
 		e.T.Errorf("ForceRelease of an empty key = %v, want ErrInvalidInput", err)
 	}
 	removed, err := op.ForceRelease(ctx, key)
-	if err != nil {
-		e.T.Fatalf("force release: %v", err)
-	}
+	e.Must(err, "force release")
 	deleted := time.Now()
 	frWant(e, "force release", removed, x)
 	lost := lcWaitDone(x, frTTL/3+lcSlack)
@@ -71,41 +57,25 @@ func h3ForceRelease(e *Env) {
 		e.T.Fatalf("holder's context not ended %s after its lease was force-released", frTTL/3+lcSlack)
 	}
 	e.T.Logf("holder told %s after the forced release", lost.Sub(deleted).Round(time.Millisecond))
-	if lle := lcLoss(e, "holder's context cause", context.Cause(x.Context()), x); lle != nil && lle.Reason != lock.LossNotOurs {
+	if lle := wantLost(e, "holder's context cause", context.Cause(x.Context()), x); lle != nil && lle.Reason != lock.LossNotOurs {
 		e.T.Errorf("loss reason %q, want %q", lle.Reason, lock.LossNotOurs)
 	}
 	called := false
 	wantLost(e, "RunInTx after the forced release", x.RunInTx(ctx, e.DB, nil, g.incIn(x, &called)), x)
-	if called {
-		e.T.Errorf("RunInTx ran the function of a force-released lease")
-	}
+	e.Check(!called, "RunInTx ran the function of a force-released lease")
 	g.expect(e, "after the force-released holder's fenced write", 0, 0)
 	lcLiveInDatabase(e, other, neighbour)
-	y, err := other.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire after the forced release: %v", err)
-	}
-	if y.Token() <= x.Token() {
-		e.T.Errorf("next grant has token %d, want greater than the removed lease's %d (SPEC S3)", y.Token(), x.Token())
-	}
-	if err := y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)); err != nil {
-		e.T.Fatalf("successor's fenced write: %v", err)
-	}
+	y := e.MustTryAcquire(other, key, lock.Exclusive)
+	e.Check(y.Token() > x.Token(), "next grant has token %d, want greater than the removed lease's %d (SPEC S3)", y.Token(), x.Token())
+	e.Must(y.RunInTx(ctx, e.DB, nil, g.incIn(y, nil)), "successor's fenced write")
 	g.expect(e, "after the successor's write", 1, y.Token())
-	if err := y.Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
-	again, err := hl.TryAcquire(ctx, key, lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("the force-released holder's Locker acquires again: %v", err)
-	}
+	e.Must(y.Release(ctx), "release")
+	again := e.MustTryAcquire(hl, key, lock.Exclusive)
 	// The operator's Locker holding the lease itself knows at once.
 	removed, err = hl.ForceRelease(ctx, key)
-	if err != nil {
-		e.T.Fatalf("force release of the Locker's own lease: %v", err)
-	}
+	e.Must(err, "force release of the Locker's own lease")
 	frWant(e, "force release of its own lease", removed, again)
-	if lle := lcLoss(e, "own lease after ForceRelease", again.Err(), again); lle != nil && lle.Reason != lock.LossNotOurs {
+	if lle := wantLost(e, "own lease after ForceRelease", again.Err(), again); lle != nil && lle.Reason != lock.LossNotOurs {
 		e.T.Errorf("own lease: loss reason %q, want %q", lle.Reason, lock.LossNotOurs)
 	}
 	if removed, err := op.ForceRelease(ctx, key); err != nil || len(removed) != 0 {
@@ -128,14 +98,8 @@ func w1ForceReleaseKeepsWaiters(e *Env) {
 	a, b := e.NewLocker(nil, lock.WithTTL(frTTL)), e.NewLocker(nil, lock.WithTTL(frTTL))
 	w := e.NewLocker(nil, lock.WithTTL(frTTL), lock.WithOwner("force-writer"), lock.WithMaxBackoff(50*time.Millisecond))
 	op := e.NewLocker(nil, lock.WithTTL(frTTL))
-	s1, err := a.TryAcquire(ctx, key, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("reader 1: %v", err)
-	}
-	s2, err := b.TryAcquire(ctx, key, lock.Shared)
-	if err != nil {
-		e.T.Fatalf("reader 2: %v", err)
-	}
+	s1 := e.MustTryAcquire(a, key, lock.Shared)
+	s2 := e.MustTryAcquire(b, key, lock.Shared)
 	type result struct {
 		le  *lock.Lease
 		err error
@@ -147,15 +111,11 @@ func w1ForceReleaseKeepsWaiters(e *Env) {
 	}()
 	waitForMarker(e, op, key, "force-writer", 5*time.Second)
 	removed, err := op.ForceRelease(ctx, key)
-	if err != nil {
-		e.T.Fatalf("force release: %v", err)
-	}
+	e.Must(err, "force release")
 	frWant(e, "force release of two readers", removed, s1, s2)
 	called := false
 	wantLost(e, "reader's RunInTx after the forced release", s1.RunInTx(ctx, e.DB, nil, g.incIn(s1, &called)), s1)
-	if called {
-		e.T.Errorf("RunInTx ran the function of a force-released shared lease")
-	}
+	e.Check(!called, "RunInTx ran the function of a force-released shared lease")
 	g.expect(e, "after the force-released reader's fenced write", 0, 0)
 	var r result
 	select {
@@ -163,17 +123,11 @@ func w1ForceReleaseKeepsWaiters(e *Env) {
 	case <-time.After(10 * time.Second):
 		e.T.Fatalf("waiting writer not granted 10s after the readers were force-released")
 	}
-	if r.err != nil {
-		e.T.Fatalf("waiting writer: %v", r.err)
-	}
-	if r.le.Token() <= max(s1.Token(), s2.Token()) {
-		e.T.Errorf("writer's token %d, want greater than the removed readers' %d and %d", r.le.Token(), s1.Token(), s2.Token())
-	}
+	e.Must(r.err, "waiting writer")
+	e.Check(r.le.Token() > max(s1.Token(), s2.Token()), "writer's token %d, want greater than the removed readers' %d and %d", r.le.Token(), s1.Token(), s2.Token())
 	if lcWaitDone(s2, frTTL/3+lcSlack).IsZero() {
 		e.T.Errorf("reader 2 not told of its loss %s after the forced release", frTTL/3+lcSlack)
 	}
-	lcLoss(e, "reader 2's context cause", context.Cause(s2.Context()), s2)
-	if err := r.le.Release(ctx); err != nil {
-		e.T.Errorf("writer's release: %v", err)
-	}
+	wantLost(e, "reader 2's context cause", context.Cause(s2.Context()), s2)
+	e.CheckErr(r.le.Release(ctx), "writer's release")
 }

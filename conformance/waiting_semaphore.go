@@ -15,9 +15,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// Cases of semaphores (lock.Limit, SPEC W7). A dialect supports them when
-// its acquire statements take @shared_limit (dialect.SupportsLimit); the
-// cases that need them are skipped otherwise, with that reason.
+// Waiting and fairness (docs/contract.md): shared leases limited to N holders (W7).
 func init() {
 	register(
 		Case{Name: "W7_LimitAdmitsAtMostN", Rule: "W7", Run: w7AdmitsAtMostN},
@@ -52,11 +50,6 @@ func w7Lockers(e *Env, n int, prefix string, opts ...lock.Option) []*lock.Locker
 	return ls
 }
 
-// w7Live returns the live shared leases of key, as the database sees them.
-func w7Live(e *Env, l *lock.Locker, key string) ([]lock.Holder, error) {
-	return liveOf(e.Ctx(), l, key, lock.Shared)
-}
-
 // w7AdmitsAtMostN: with Limit(3), three TryAcquires of separate Lockers are
 // granted, each its own lease with a greater token; a fourth is refused
 // with a *LockedError listing the three; a request with its own larger
@@ -69,10 +62,7 @@ func w7AdmitsAtMostN(e *Env) {
 	ls := w7Lockers(e, n+2, "w7-admit")
 	var held []*lock.Lease
 	for i := range n {
-		le, err := ls[i].TryAcquire(ctx, key, lock.Shared, lock.Limit(n))
-		if err != nil {
-			e.T.Fatalf("holder %d of %d: %v", i+1, n, err)
-		}
+		le := e.MustTryAcquire(ls[i], key, lock.Shared, lock.Limit(n))
 		if i > 0 && le.Token() <= held[i-1].Token() {
 			e.T.Errorf("holder %d: token %d, not greater than %d (SPEC S3)", i+1, le.Token(), held[i-1].Token())
 		}
@@ -86,18 +76,14 @@ func w7AdmitsAtMostN(e *Env) {
 		}
 		e.T.Fatalf("acquire %d with Limit(%d): want a *LockedError (ErrLocked), got %v", n+1, n, err)
 	}
-	if lerr.Limit != n || !strings.Contains(lerr.Error(), fmt.Sprintf("at most %d shared holders", n)) {
-		e.T.Errorf("refusal %q (Limit %d): want it to name the limit %d", lerr, lerr.Limit, n)
-	}
+	e.Check(lerr.Limit == n && strings.Contains(lerr.Error(), fmt.Sprintf("at most %d shared holders", n)), "refusal %q (Limit %d): want it to name the limit %d", lerr, lerr.Limit, n)
 	for _, h := range held {
-		if !slices.ContainsFunc(lerr.Holders, func(x lock.Holder) bool { return x.LeaseID == h.LeaseID() && x.Mode == lock.Shared }) {
-			e.T.Errorf("refusal lists %v, not holder %s", lerr.Holders, h.LeaseID())
-		}
+		e.Check(slices.ContainsFunc(lerr.Holders, func(x lock.Holder) bool { return x.LeaseID == h.LeaseID() && x.Mode == lock.Shared }), "refusal lists %v, not holder %s", lerr.Holders, h.LeaseID())
 	}
 	if _, err := ls[n].Acquire(ctx, key, lock.Shared, lock.Limit(n), lock.WaitTimeout(200*time.Millisecond)); !errors.Is(err, lock.ErrLocked) {
 		e.T.Errorf("blocking acquire with Limit(%d) on a full key: want ErrLocked after its wait timeout, got %v", n, err)
 	}
-	if live, err := w7Live(e, ls[0], key); err != nil || len(live) != n {
+	if live, err := liveOf(e.Ctx(), ls[0], key, lock.Shared); err != nil || len(live) != n {
 		e.T.Errorf("database: %d live shared leases (err %v), want %d", len(live), err, n)
 	}
 	for _, opts := range [][]lock.AcquireOption{{lock.Limit(n + 1)}, nil} {
@@ -106,23 +92,14 @@ func w7AdmitsAtMostN(e *Env) {
 			e.T.Errorf("shared acquire with %d options beside %d holders: %v (each request counts against its own limit)", len(opts), n, err)
 			continue
 		}
-		if err := le.Release(ctx); err != nil {
-			e.T.Errorf("release: %v", err)
-		}
+		e.CheckErr(le.Release(ctx), "release")
 	}
-	if err := held[1].Release(ctx); err != nil {
-		e.T.Fatalf("release: %v", err)
-	}
-	le, err = ls[n].TryAcquire(ctx, key, lock.Shared, lock.Limit(n))
-	if err != nil {
-		e.T.Fatalf("acquire after a release freed a slot: %v", err)
-	}
+	e.Must(held[1].Release(ctx), "release")
+	le = e.MustTryAcquire(ls[n], key, lock.Shared, lock.Limit(n))
 	if le.Token() <= held[n-1].Token() {
 		e.T.Errorf("token %d after the release, not greater than %d (SPEC S3)", le.Token(), held[n-1].Token())
 	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.CheckErr(le.Release(ctx), "release")
 }
 
 // w7Stress: 10 contenders (3 in each of 2 child processes, 4 in this one,
@@ -163,7 +140,7 @@ func w7Stress(e *Env) {
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
-			live, err := w7Live(e, obs, "stress/0")
+			live, err := liveOf(e.Ctx(), obs, "stress/0", lock.Shared)
 			if err != nil {
 				dbErr = err
 				return
@@ -180,9 +157,7 @@ func w7Stress(e *Env) {
 	})
 	close(stop)
 	wg.Wait()
-	if dbErr != nil {
-		e.T.Errorf("observer: %v", dbErr)
-	}
+	e.Check(dbErr == nil, "observer: %v", dbErr)
 	if p := dbPeak.Load(); p > n {
 		e.T.Errorf("the database showed %d live shared leases at once, limit %d", p, n)
 	}
@@ -197,9 +172,7 @@ func w7Stress(e *Env) {
 		modes[g.Mode]++
 	}
 	e.T.Logf("%d grants %v; peak shared holders: %d in the database, %d in this process", len(grants), modes, dbPeak.Load(), peak.Load())
-	if modes["shared"] < 20 || modes["exclusive"] == 0 {
-		e.T.Errorf("grants by mode %v: want at least 20 shared and some exclusive; the stress did not stress", modes)
-	}
+	e.Check(modes["shared"] >= 20 && modes["exclusive"] != 0, "grants by mode %v: want at least 20 shared and some exclusive; the stress did not stress", modes)
 }
 
 // CheckLimit verifies SPEC W7 on a grant log (see CheckLog): per key, at
@@ -253,33 +226,21 @@ func w7CrashedHolder(e *Env) {
 	// renewals must not miss their window on a loaded machine.
 	ls := w7Lockers(e, 2, "w7-crash", lock.WithTTL(5*time.Second), lock.WithMaxBackoff(50*time.Millisecond))
 	short := e.NewLocker(nil, lock.WithOwner("w7-crash-short"), lock.WithTTL(ttl))
-	stays, err := ls[0].TryAcquire(ctx, key, lock.Shared, lock.Limit(n))
-	if err != nil {
-		e.T.Fatalf("holder: %v", err)
-	}
+	stays := e.MustTryAcquire(ls[0], key, lock.Shared, lock.Limit(n))
 	defer stays.Release(ctx)
-	crashed, err := short.TryAcquire(ctx, key, lock.Shared, lock.Limit(n))
-	if err != nil {
-		e.T.Fatalf("holder: %v", err)
-	}
+	crashed := e.MustTryAcquire(short, key, lock.Shared, lock.Limit(n))
 	crashed.Orphan()
 	start := time.Now()
 	le, err := ls[1].Acquire(ctx, key, lock.Shared, lock.Limit(n), lock.WaitTimeout(10*time.Second))
 	waited := time.Since(start)
-	if err != nil {
-		e.T.Fatalf("waiter: %v after %s", err, waited)
-	}
+	e.Require(err == nil, "waiter: %v after %s", err, waited)
 	defer le.Release(ctx)
 	if bound := ttl + 2*time.Second; waited > bound {
 		e.T.Errorf("waiter granted %s after the crash, want within one TTL (%s) plus slack (%s)", waited, ttl, bound)
 	}
-	if le.GrantedAt().Before(crashed.Expiry()) {
-		e.T.Errorf("waiter granted at %s, before the crashed lease expired at %s (database time)", le.GrantedAt(), crashed.Expiry())
-	}
-	if stays.Err() != nil {
-		e.T.Errorf("the live holder lost its lease: %v", stays.Err())
-	}
-	if live, err := w7Live(e, ls[0], key); err != nil || len(live) != n {
+	e.Check(!le.GrantedAt().Before(crashed.Expiry()), "waiter granted at %s, before the crashed lease expired at %s (database time)", le.GrantedAt(), crashed.Expiry())
+	e.CheckErr(stays.Err(), "the live holder lost its lease")
+	if live, err := liveOf(e.Ctx(), ls[0], key, lock.Shared); err != nil || len(live) != n {
 		e.T.Errorf("database: %d live shared leases (err %v), want %d", len(live), err, n)
 	}
 }
@@ -326,33 +287,23 @@ func w7WriterNotStarved(e *Env) {
 	defer func() {
 		close(stop)
 		wg.Wait()
-		if err := joinErrs(errs); err != nil {
-			e.T.Errorf("stream: %v", err)
-		}
+		e.CheckErr(joinErrs(errs), "stream")
 	}()
-	if !Eventually(10*time.Second, func() bool { return grants.Load() >= 8 }) {
-		e.T.Fatalf("the stream got %d grants in 10 s", grants.Load())
-	}
+	e.Require(Eventually(10*time.Second, func() bool { return grants.Load() >= 8 }), "the stream got %d grants in 10 s", grants.Load())
 	w := e.NewLocker(nil, lock.WithOwner("w7-writer"), lock.WithMaxBackoff(50*time.Millisecond))
 	start := time.Now()
 	x, err := w.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(10*time.Second))
 	waited := time.Since(start)
-	if err != nil {
-		e.T.Fatalf("writer: %v after %s (starved by the semaphore stream)", err, waited)
-	}
+	e.Require(err == nil, "writer: %v after %s (starved by the semaphore stream)", err, waited)
 	if bound := 3 * time.Second; waited > bound {
 		e.T.Errorf("writer granted after %s, want within %s", waited, bound)
 	}
-	if live, err := w7Live(e, w, key); err != nil || len(live) != 0 {
+	if live, err := liveOf(e.Ctx(), w, key, lock.Shared); err != nil || len(live) != 0 {
 		e.T.Errorf("while the writer holds: %d live shared leases (err %v), want none (SPEC S1)", len(live), err)
 	}
 	before := grants.Load()
-	if err := x.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
-	if !Eventually(10*time.Second, func() bool { return grants.Load() > before }) {
-		e.T.Errorf("the stream got no grant after the writer released")
-	}
+	e.CheckErr(x.Release(ctx), "release")
+	e.Check(Eventually(10*time.Second, func() bool { return grants.Load() > before }), "the stream got no grant after the writer released")
 	e.T.Logf("writer waited %s behind a stream of %d semaphore grants", waited, before)
 }
 
@@ -368,10 +319,7 @@ func w7FIFO(e *Env) {
 	hs := w7Lockers(e, 2, "w7-holder", opts...)
 	var held []*lock.Lease
 	for _, h := range hs {
-		le, err := h.TryAcquire(ctx, key, lock.Shared, lock.Limit(n), lock.FIFO())
-		if err != nil {
-			e.T.Fatalf("holder: %v", err)
-		}
+		le := e.MustTryAcquire(h, key, lock.Shared, lock.Limit(n), lock.FIFO())
 		held = append(held, le)
 	}
 	type waiter struct {
@@ -399,19 +347,15 @@ func w7FIFO(e *Env) {
 			}
 			w.got <- le
 		})
-		if !Eventually(10*time.Second, func() bool {
+		e.Require(Eventually(10*time.Second, func() bool {
 			ts, err := w6Tickets(ctx, hs[0], key)
 			return err == nil && len(ts) == i+1
-		}) {
-			e.T.Fatalf("waiter %s queued no ticket", w.name)
-		}
+		}), "waiter %s queued no ticket", w.name)
 	}
 	granted := func(w *waiter) *lock.Lease {
 		select {
 		case le := <-w.got:
-			if le == nil {
-				e.T.Fatalf("waiter %s failed", w.name)
-			}
+			e.Require(le != nil, "waiter %s failed", w.name)
 			return le
 		case <-time.After(10 * time.Second):
 			e.T.Fatalf("waiter %s not granted within 10 s", w.name)
@@ -433,9 +377,7 @@ func w7FIFO(e *Env) {
 	}
 	a, x, b := ws[0], ws[1], ws[2]
 	release := func(le *lock.Lease) {
-		if err := le.Release(ctx); err != nil {
-			e.T.Errorf("release: %v", err)
-		}
+		e.CheckErr(le.Release(ctx), "release")
 	}
 	release(held[0])
 	la := granted(a)
@@ -448,9 +390,7 @@ func w7FIFO(e *Env) {
 	release(lx)
 	lb := granted(b)
 	release(lb)
-	if !(la.Token() < lx.Token() && lx.Token() < lb.Token()) {
-		e.T.Errorf("tokens A %d, X %d, B %d: want increasing in arrival order", la.Token(), lx.Token(), lb.Token())
-	}
+	e.Check(la.Token() < lx.Token() && lx.Token() < lb.Token(), "tokens A %d, X %d, B %d: want increasing in arrival order", la.Token(), lx.Token(), lb.Token())
 }
 
 // w7BadInput: Limit below 1, and Limit with Exclusive, are refused by
@@ -492,15 +432,11 @@ func w7BadInput(e *Env) {
 				e.T.Errorf("%s %s with Limit(%d): want an *InputError (ErrInvalidInput), got %v", name, c.mode, c.n, err)
 				continue
 			}
-			if !strings.Contains(err.Error(), c.value) || ie.Allowed == "" {
-				e.T.Errorf("%s %s with Limit(%d): %q does not name the value and what is allowed", name, c.mode, c.n, err)
-			}
+			e.Check(strings.Contains(err.Error(), c.value) && ie.Allowed != "", "%s %s with Limit(%d): %q does not name the value and what is allowed", name, c.mode, c.n, err)
 		}
 	}
 	hs, _, err := l.Holders(ctx, key)
-	if err != nil || len(hs) != 0 {
-		e.T.Errorf("after refused input: holders %v (err %v), want none", hs, err)
-	}
+	e.Check(err == nil && len(hs) == 0, "after refused input: holders %v (err %v), want none", hs, err)
 }
 
 // w7Support: a dialect whose acquire statement takes @shared_limit grants
@@ -512,18 +448,12 @@ func w7Support(e *Env) {
 	l := e.NewLocker(nil, lock.WithOwner("w7-support"))
 	le, err := l.TryAcquire(ctx, key, lock.Shared, lock.Limit(2))
 	if !dialect.SupportsLimit(e.Dialect, false) {
-		if !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(fmt.Sprint(err), e.Dialect.Name()) {
-			e.T.Errorf("Limit on a dialect without semaphores: want errors.ErrUnsupported naming %q, got %v", e.Dialect.Name(), err)
-		}
+		e.Check(errors.Is(err, errors.ErrUnsupported) && strings.Contains(fmt.Sprint(err), e.Dialect.Name()), "Limit on a dialect without semaphores: want errors.ErrUnsupported naming %q, got %v", e.Dialect.Name(), err)
 		if err == nil {
 			_ = le.Release(ctx)
 		}
 		le, err = l.TryAcquire(ctx, key, lock.Shared)
 	}
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.Must(err, "acquire")
+	e.CheckErr(le.Release(ctx), "release")
 }

@@ -7,11 +7,7 @@ import (
 	"github.com/sqlease/sqlease/internal/faultdb"
 )
 
-// S6: the safety cases (S1 stress with crashed holders, S3 tokens, the
-// fenced counter of F2) run again with every session of the case's
-// database defaulting to each isolation level the dialect can default to.
-// The cases fail on any error a worker gets from the library that is not a
-// refusal or a loss, so a raw serialization failure or deadlock fails them.
+// Safety (docs/contract.md): S1-S5 at every default isolation level (S6).
 func init() {
 	levels := []struct {
 		name string
@@ -51,18 +47,12 @@ func (e *Env) isolate(iso sql.IsolationLevel) {
 	if errors.Is(err, errors.ErrUnsupported) {
 		e.T.Skipf("sessions cannot default to %s: %v", iso, err)
 	}
-	if err != nil {
-		e.T.Fatalf("isolation DSN for %s: %v", iso, err)
-	}
+	e.Must(err, "isolation DSN for %s", iso)
 	raw, err := sql.Open(e.Config.DriverName, dsn)
-	if err != nil {
-		e.T.Fatalf("open %s: %v", e.Config.DriverName, err)
-	}
+	e.Must(err, "open %s", e.Config.DriverName)
 	conn, err := faultdb.DSNConnector(raw.Driver(), dsn)
 	_ = raw.Close()
-	if err != nil {
-		e.T.Fatalf("connector: %v", err)
-	}
+	e.Must(err, "connector")
 	old := e.DB
 	e.T.Cleanup(func() { _ = old.Close() })
 	db := sql.OpenDB(e.Faults.Connector(conn))

@@ -13,7 +13,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// H9: deadlines hold, whatever the database does.
+// The holder's view (docs/contract.md): deadlines hold (H9).
 func init() {
 	register(
 		Case{Name: "H9_DeadlineHoldsWithHungStatement", Rule: "H9", Run: h9HungStatement},
@@ -41,22 +41,15 @@ func h9WriteLockHeld(e *Env) {
 	}
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithOwner("contender"))
 	tx, err := e.OpenDB().BeginTx(ctx, nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
+	e.Must(err, "begin")
 	defer tx.Rollback()
 	if _, err := tx.ExecContext(ctx, "INSERT INTO "+app+" (n) VALUES (1)"); err != nil {
 		e.T.Fatalf("application write: %v", err)
 	}
 	h9AcquireBothWays(e, l, "the application holds the write lock")
-	if err := tx.Commit(); err != nil {
-		e.T.Fatalf("application commit: %v", err)
-	}
+	e.Must(tx.Commit(), "application commit")
 	h9NoRowsOf(e, l, l.Owner(), "after the application committed", false)
-	got, err := l.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(2*time.Second))
-	if err != nil {
-		e.T.Fatalf("acquire after the application committed: %v", err)
-	}
+	got := e.MustAcquire(l, "k", lock.Exclusive, lock.WaitTimeout(2*time.Second))
 	_ = got.Release(ctx)
 }
 
@@ -88,9 +81,7 @@ func h9AcquireBothWays(e *Env, l *lock.Locker, while string) {
 			e.T.Errorf("%s: granted while %s", c.what, while)
 			_ = got.Release(ctx)
 		}
-		if !errors.Is(err, c.want) {
-			e.T.Errorf("%s = %v, want an error matching %v", c.what, err, c.want)
-		}
+		e.Check(errors.Is(err, c.want), "%s = %v, want an error matching %v", c.what, err, c.want)
 		if took > 2*time.Second+h9Slack+h9LoadAllowance {
 			e.T.Errorf("%s returned after %s, want within 2s + %s (+ %s for a loaded machine)", c.what, took, h9Slack, h9LoadAllowance)
 		} else if took > 2*time.Second+h9Slack {
@@ -119,13 +110,9 @@ const h9LoadAllowance = time.Second
 func h9NoRowsOf(e *Env, l *lock.Locker, owner, what string, live bool) {
 	e.T.Helper()
 	hs, now, err := l.Holders(e.Ctx(), "")
-	if err != nil {
-		e.T.Fatalf("holders: %v", err)
-	}
+	e.Must(err, "holders")
 	for _, h := range hs {
-		if h.Owner == owner && (!live || h.Expiry.After(now)) {
-			e.T.Errorf("%s: a %s row of the contender is still there (database time %s): %v", what, h.Mode, now.UTC().Format("15:04:05.000000"), h)
-		}
+		e.Check(h.Owner != owner || live && !h.Expiry.After(now), "%s: a %s row of the contender is still there (database time %s): %v", what, h.Mode, now.UTC().Format("15:04:05.000000"), h)
 	}
 }
 
@@ -148,12 +135,8 @@ func h9HungStatement(e *Env) {
 			e.T.Errorf("%s: granted while every acquire statement hangs", what)
 			_ = le.Release(ctx)
 		}
-		if !errors.Is(err, want) {
-			e.T.Errorf("%s = %v, want an error matching %v", what, err, want)
-		}
-		if took > bound+h9Slack {
-			e.T.Errorf("%s returned after %s, want within %s + %s", what, took, bound, h9Slack)
-		}
+		e.Check(errors.Is(err, want), "%s = %v, want an error matching %v", what, err, want)
+		e.Check(took <= bound+h9Slack, "%s returned after %s, want within %s + %s", what, took, bound, h9Slack)
 	}
 	check("Acquire with a 2s context deadline", 2*time.Second, func() (*lock.Lease, error) {
 		c, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -168,19 +151,14 @@ func h9HungStatement(e *Env) {
 		defer cancel()
 		return l.TryAcquire(c, "k", lock.Shared)
 	}, context.DeadlineExceeded)
-	if hits.Load() == 0 {
-		e.T.Errorf("scenario not exercised: no acquire statement reached the hang")
-	}
+	e.Check(hits.Load() != 0, "scenario not exercised: no acquire statement reached the hang")
 	close(release)
 	remove()
 	// The database recovered: the same Locker is granted the key, and
 	// nothing of the abandoned attempts outlives one TTL.
 	time.Sleep(ttl)
 	h9NoRowsOf(e, l, l.Owner(), "one TTL after the abandoned acquires", true)
-	le, err := l.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire after the hang ended: %v", err)
-	}
+	le := e.MustTryAcquire(l, "k", lock.Exclusive)
 	_ = le.Release(ctx)
 }
 
@@ -197,18 +175,11 @@ func h9TakeoverBlocked(e *Env) {
 	const ttl, holderTTL = 300 * time.Millisecond, time.Second
 	holder := e.NewLocker(e.OpenDB(), lock.WithTTL(holderTTL))
 	contender := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithOwner("contender"))
-	le, err := holder.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	le := e.MustTryAcquire(holder, "k", lock.Exclusive)
 	tx, err := holder.DB().BeginTx(ctx, nil)
-	if err != nil {
-		e.T.Fatalf("begin: %v", err)
-	}
+	e.Must(err, "begin")
 	defer tx.Rollback()
-	if err := le.Fence(ctx, tx); err != nil {
-		e.T.Fatalf("fence: %v", err)
-	}
+	e.Must(le.Fence(ctx, tx), "fence")
 	// Busy, as a live holder's: an idle one would be ended by the
 	// database (CapFenceIdleTimeout, F1_StoppedHolder...).
 	stopBusy := keepBusy(ctx, tx)
@@ -220,10 +191,7 @@ func h9TakeoverBlocked(e *Env) {
 	_ = tx.Rollback()
 	time.Sleep(ttl + ttl/2)
 	h9NoRowsOf(e, contender, contender.Owner(), "one TTL after the contender gave up", true)
-	got, err := contender.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(2*time.Second))
-	if err != nil {
-		e.T.Fatalf("acquire after the fenced transaction ended: %v", err)
-	}
+	got := e.MustAcquire(contender, "k", lock.Exclusive, lock.WaitTimeout(2*time.Second))
 	_ = got.Release(ctx)
 }
 
@@ -237,10 +205,7 @@ func h9ConnectionsCut(e *Env) {
 	holder := e.NewLocker(e.OpenDB(), lock.WithTTL(ttl))
 	// Frequent polls, so that many of the contender's statements are cut.
 	contender := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithMaxBackoff(50*time.Millisecond))
-	le, err := holder.TryAcquire(ctx, "k", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	le := e.MustTryAcquire(holder, "k", lock.Exclusive)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var cuts atomic.Int64 // statements that lost their reply and connection
@@ -264,9 +229,7 @@ func h9ConnectionsCut(e *Env) {
 	releasedAt := make(chan time.Time, 1)
 	e.Go(&wg, func() {
 		time.Sleep(time.Second)
-		if err := le.Release(ctx); err != nil {
-			e.T.Errorf("holder release: %v", err)
-		}
+		e.CheckErr(le.Release(ctx), "holder release")
 		releasedAt <- time.Now()
 	})
 	start := time.Now()
@@ -275,32 +238,18 @@ func h9ConnectionsCut(e *Env) {
 	close(stop)
 	wg.Wait()
 	e.Faults.Reset()
-	if err != nil {
-		e.T.Fatalf("acquire while connections are cut = %v after %s, want granted", err, took)
-	}
-	if took > 5*time.Second {
-		e.T.Errorf("granted only after %s; the holder released after about 1s", took)
-	}
+	e.Require(err == nil, "acquire while connections are cut = %v after %s, want granted", err, took)
+	e.Check(took <= 5*time.Second, "granted only after %s; the holder released after about 1s", took)
 	e.T.Logf("granted after %s, %d connections cut; holder released at +%s", took, cuts.Load(), (<-releasedAt).Sub(start).Round(time.Millisecond))
-	if cuts.Load() < 2 {
-		e.T.Errorf("scenario not exercised: only %d cuts", cuts.Load())
-	}
+	e.Check(cuts.Load() >= 2, "scenario not exercised: only %d cuts", cuts.Load())
 	// After the faults: the lease works, and nothing else is left.
-	if err := got.Renew(ctx); err != nil {
-		e.T.Errorf("renew after the cuts: %v", err)
-	}
-	if err := got.Release(ctx); err != nil {
-		e.T.Errorf("release after the cuts: %v", err)
-	}
+	e.CheckErr(got.Renew(ctx), "renew after the cuts")
+	e.CheckErr(got.Release(ctx), "release after the cuts")
 	var rows []lock.Holder
-	if !Eventually(ttl+lcSlack, func() bool {
+	e.Check(Eventually(ttl+lcSlack, func() bool {
 		hs, _, err := contender.Holders(ctx, "")
 		rows = hs
 		return err == nil && len(hs) == 0
-	}) {
-		e.T.Errorf("rows left one TTL after the release: %v", rows)
-	}
-	if err := e.DB.PingContext(ctx); err != nil {
-		e.T.Errorf("pool unusable after the cuts: %v", err)
-	}
+	}), "rows left one TTL after the release: %v", rows)
+	e.CheckErr(e.DB.PingContext(ctx), "pool unusable after the cuts")
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/sqlease/sqlease/lock"
 )
 
-// H10: hold at least, at most.
+// The holder's view (docs/contract.md): hold at least, hold at most (H10).
 func init() {
 	register(
 		Case{Name: "H10_HoldAtLeastKeepsKeyAfterEarlyRelease", Rule: "H10", Run: h10HoldAtLeastKeepsKey},
@@ -36,27 +36,16 @@ func h10TakenUntil(e *Env, key string, until time.Time, local time.Time, token i
 		if err == nil {
 			e.T.Fatalf("another locker got %q (token %d) %s before the minimum hold ended", key, le.Token(), time.Until(local))
 		}
-		if !errors.Is(err, lock.ErrLocked) {
-			e.T.Fatalf("try acquire during the hold: %v, want ErrLocked", err)
-		}
+		e.Require(errors.Is(err, lock.ErrLocked), "try acquire during the hold: %v, want ErrLocked", err)
 		time.Sleep(50 * time.Millisecond)
 	}
-	le, err := other.Acquire(ctx, key, lock.Exclusive, lock.WaitTimeout(time.Until(local)+2*lcSlack))
-	if err != nil {
-		e.T.Fatalf("acquire after the hold: %v", err)
-	}
-	if le.GrantedAt().Before(until) {
-		e.T.Errorf("granted at %s (database time), before the hold's end %s", le.GrantedAt().Format(time.StampMicro), until.Format(time.StampMicro))
-	}
+	le := e.MustAcquire(other, key, lock.Exclusive, lock.WaitTimeout(time.Until(local)+2*lcSlack))
+	e.Check(!le.GrantedAt().Before(until), "granted at %s (database time), before the hold's end %s", le.GrantedAt().Format(time.StampMicro), until.Format(time.StampMicro))
 	if late := le.GrantedAt().Sub(until); late > lcSlack {
 		e.T.Errorf("granted %s after the hold's end, want within %s", late, lcSlack)
 	}
-	if le.Token() <= token {
-		e.T.Errorf("token after the hold %d, want above %d", le.Token(), token)
-	}
-	if err := le.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.Check(le.Token() > token, "token after the hold %d, want above %d", le.Token(), token)
+	e.CheckErr(le.Release(ctx), "release")
 }
 
 // h10HoldAtLeastKeepsKey: Do's function returns at once; the key stays
@@ -73,17 +62,11 @@ func h10HoldAtLeastKeepsKey(e *Env) {
 		lease = le
 		return nil
 	}, lock.HoldAtLeast(hold))
-	if err != nil {
-		e.T.Fatalf("Do with HoldAtLeast: %v", err)
-	}
-	if !errors.Is(lease.Err(), lock.ErrReleased) {
-		e.T.Errorf("lease after Do: %v, want ErrReleased", lease.Err())
-	}
+	e.Must(err, "Do with HoldAtLeast")
+	e.Check(errors.Is(lease.Err(), lock.ErrReleased), "lease after Do: %v, want ErrReleased", lease.Err())
 	until := lease.GrantedAt().Add(hold)
-	hs := lcHolders(e, l, "h10/min")
-	if len(hs) != 1 || hs[0].LeaseID != lease.LeaseID() {
-		e.T.Fatalf("holders during the hold: %v, want the released lease's row", hs)
-	}
+	hs := holders(e, l, "h10/min")
+	e.Require(len(hs) == 1 && hs[0].LeaseID == lease.LeaseID(), "holders during the hold: %v, want the released lease's row", hs)
 	if exp := hs[0].Expiry; exp.Before(until) || exp.Sub(until) > lcSlack {
 		e.T.Errorf("held row expires at %s, want at grant + minimum %s", exp.Format(time.StampMicro), until.Format(time.StampMicro))
 	}
@@ -97,13 +80,8 @@ func h10HoldKeptThroughClose(e *Env) {
 	const hold = 1 * time.Second
 	l := e.NewLocker(nil, lock.WithTTL(2*time.Second))
 	start := time.Now()
-	le, err := l.TryAcquire(ctx, "h10/close", lock.Exclusive, lock.HoldAtLeast(hold))
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
-	if err := l.Close(ctx); err != nil {
-		e.T.Fatalf("close: %v", err)
-	}
+	le := e.MustTryAcquire(l, "h10/close", lock.Exclusive, lock.HoldAtLeast(hold))
+	e.Must(l.Close(ctx), "close")
 	h10TakenUntil(e, "h10/close", le.GrantedAt().Add(hold), start.Add(hold), le.Token())
 }
 
@@ -112,25 +90,15 @@ func h10HoldKeptThroughClose(e *Env) {
 func h10ReleaseAfterMinimum(e *Env) {
 	ctx := e.Ctx()
 	l := e.NewLocker(nil, lock.WithTTL(2*time.Second))
-	le, err := l.TryAcquire(ctx, "h10/after", lock.Exclusive, lock.HoldAtLeast(300*time.Millisecond))
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	le := e.MustTryAcquire(l, "h10/after", lock.Exclusive, lock.HoldAtLeast(300*time.Millisecond))
 	time.Sleep(400 * time.Millisecond)
-	if err := le.Release(ctx); err != nil {
-		e.T.Fatalf("release after the minimum: %v", err)
-	}
-	if hs := lcHolders(e, l, "h10/after"); len(hs) != 0 {
+	e.Must(le.Release(ctx), "release after the minimum")
+	if hs := holders(e, l, "h10/after"); len(hs) != 0 {
 		e.T.Errorf("rows left after a release past the minimum: %v", hs)
 	}
 	other := e.NewLocker(nil)
-	again, err := other.TryAcquire(ctx, "h10/after", lock.Exclusive)
-	if err != nil {
-		e.T.Fatalf("try acquire right after the release: %v", err)
-	}
-	if err := again.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	again := e.MustTryAcquire(other, "h10/after", lock.Exclusive)
+	e.CheckErr(again.Release(ctx), "release")
 }
 
 // h10MaxLife runs Do with HoldAtMost(life) under a Locker with ttl; the
@@ -181,24 +149,16 @@ func h10MaxLife(e *Env, ttl, life time.Duration) {
 			return nil
 		}
 		defer gr.le.Release(ctx)
-		if gr.at.Before(lostAt) {
-			e.T.Errorf("another locker was granted before the holder saw its loss")
-		}
+		e.Check(!gr.at.Before(lostAt), "another locker was granted before the holder saw its loss")
 		until := lease.GrantedAt().Add(life)
-		if gr.le.GrantedAt().Before(until) {
-			e.T.Errorf("granted at %s (database time), before grant + HoldAtMost %s", gr.le.GrantedAt().Format(time.StampMicro), until.Format(time.StampMicro))
-		}
+		e.Check(!gr.le.GrantedAt().Before(until), "granted at %s (database time), before grant + HoldAtMost %s", gr.le.GrantedAt().Format(time.StampMicro), until.Format(time.StampMicro))
 		if late := gr.le.GrantedAt().Sub(until); late > lcSlack {
 			e.T.Errorf("granted %s after grant + HoldAtMost, want within %s", late, lcSlack)
 		}
-		if gr.le.Token() <= lease.Token() {
-			e.T.Errorf("token after the end of life %d, want above %d", gr.le.Token(), lease.Token())
-		}
+		e.Check(gr.le.Token() > lease.Token(), "token after the end of life %d, want above %d", gr.le.Token(), lease.Token())
 		return nil
 	}, lock.HoldAtMost(life))
-	if !errors.Is(err, lock.ErrLeaseLost) {
-		e.T.Errorf("Do past its maximum life = %v, want ErrLeaseLost", err)
-	}
+	e.Check(errors.Is(err, lock.ErrLeaseLost), "Do past its maximum life = %v, want ErrLeaseLost", err)
 	g.expect(e, "after the lost holder's fenced write", 0, 0)
 }
 
@@ -236,16 +196,12 @@ func h10BadHold(e *Env) {
 			e.T.Errorf("%s: TryAcquire = %v, want an *InputError matching ErrInvalidInput", c.name, err)
 			continue
 		}
-		if !strings.Contains(err.Error(), c.value) || in.Allowed == "" {
-			e.T.Errorf("%s: error %q does not name the value %q and what is allowed", c.name, err, c.value)
-		}
+		e.Check(strings.Contains(err.Error(), c.value) && in.Allowed != "", "%s: error %q does not name the value %q and what is allowed", c.name, err, c.value)
 		ran := false
 		err = l.Do(ctx, "h10/bad", c.mode, func(context.Context, *lock.Lease) error { ran = true; return nil }, c.opts...)
-		if !errors.Is(err, lock.ErrInvalidInput) || ran {
-			e.T.Errorf("%s: Do = %v (function ran: %v), want ErrInvalidInput without running", c.name, err, ran)
-		}
+		e.Check(errors.Is(err, lock.ErrInvalidInput) && !ran, "%s: Do = %v (function ran: %v), want ErrInvalidInput without running", c.name, err, ran)
 	}
-	if hs := lcHolders(e, l, "h10/bad"); len(hs) != 0 {
+	if hs := holders(e, l, "h10/bad"); len(hs) != 0 {
 		e.T.Errorf("refused acquires left rows: %v", hs)
 	}
 }
@@ -258,29 +214,16 @@ func h10FailedHold(e *Env) {
 	ctx := e.Ctx()
 	const ttl, hold = 900 * time.Millisecond, 10 * time.Second
 	l := e.NewLocker(nil, lock.WithTTL(ttl), lock.WithReleaseTimeout(300*time.Millisecond))
-	le, err := l.TryAcquire(ctx, "h10/failed", lock.Exclusive, lock.HoldAtLeast(hold))
-	if err != nil {
-		e.T.Fatalf("acquire: %v", err)
-	}
+	le := e.MustTryAcquire(l, "h10/failed", lock.Exclusive, lock.HoldAtLeast(hold))
 	renew := lcRendered(e, "Renew", e.Dialect.Statements().Renew)
 	remove := e.Faults.Add(faultdb.Rule{Match: renew, Action: faultdb.Fail, Err: lcTransientError(e)})
-	err = le.Release(ctx)
+	err := le.Release(ctx)
 	remove()
-	if err == nil || errors.Is(err, lock.ErrNotHeld) {
-		e.T.Errorf("release whose hold fails until its deadline = %v, want the failure", err)
-	}
-	if !errors.Is(le.Err(), lock.ErrReleased) {
-		e.T.Errorf("lease after a failed hold: %v, want ErrReleased", le.Err())
-	}
+	e.Check(err != nil && !errors.Is(err, lock.ErrNotHeld), "release whose hold fails until its deadline = %v, want the failure", err)
+	e.Check(errors.Is(le.Err(), lock.ErrReleased), "lease after a failed hold: %v, want ErrReleased", le.Err())
 	other := e.NewLocker(nil)
 	again, err := other.Acquire(ctx, "h10/failed", lock.Exclusive, lock.WaitTimeout(ttl+2*lcSlack))
-	if err != nil {
-		e.T.Fatalf("acquire after a failed hold: %v, want the key once the row expired", err)
-	}
-	if again.GrantedAt().After(le.GrantedAt().Add(ttl + lcSlack)) {
-		e.T.Errorf("granted %s after the failed hold's grant, want within one TTL (%s)", again.GrantedAt().Sub(le.GrantedAt()), ttl)
-	}
-	if err := again.Release(ctx); err != nil {
-		e.T.Errorf("release: %v", err)
-	}
+	e.Require(err == nil, "acquire after a failed hold: %v, want the key once the row expired", err)
+	e.Check(!again.GrantedAt().After(le.GrantedAt().Add(ttl+lcSlack)), "granted %s after the failed hold's grant, want within one TTL (%s)", again.GrantedAt().Sub(le.GrantedAt()), ttl)
+	e.CheckErr(again.Release(ctx), "release")
 }
