@@ -127,7 +127,7 @@ func d3BadSchemaAndPrefixRejected(e *Env) {
 		e.T.Errorf("row count changed from %d to %d", rows, got)
 	}
 	// The longest allowed prefix works end to end (migrated, then used).
-	ns := dialect.Namespace{Schema: e.Namespace.Schema, Prefix: strings.Repeat("p", dialect.MaxIdentifierLength-1) + "_"}
+	ns := e.SubNamespace(strings.Repeat("p", max(0, dialect.MaxIdentifierLength-len(e.Namespace.Prefix)-1)) + "_")
 	if _, err := migrate.Up(ctx, e.DB, e.Dialect, migrate.WithNamespace(ns)); err != nil {
 		e.T.Fatalf("migrate.Up with a %d-byte prefix: %v", len(ns.Prefix), err)
 	}
@@ -503,7 +503,7 @@ func i1UnknownDialectAndUnmigrated(e *Env) {
 		e.T.Errorf("Lookup(%q): %v, %v", e.Dialect.Name(), d, err)
 	}
 
-	ns := dialect.Namespace{Schema: e.Namespace.Schema, Prefix: "i1_"}
+	ns := e.SubNamespace("i1_")
 	_, err := inpNewLocker(e, e.DB, lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix))
 	var se *lock.SchemaError
 	if !errors.Is(err, lock.ErrSchemaNotMigrated) || !errors.As(err, &se) {
