@@ -354,7 +354,7 @@ func schemaExists(ctx context.Context, db *sql.DB, t target, schema string) erro
 		return usageErr("--schema %q: cannot tell whether the %s database %s has it: %s", schema, t.dialect.Name(), t.where(), scrubSecrets(err.Error(), t.dsn))
 	}
 	if n == 0 {
-		return usageErr("invalid --schema %q: no such schema (MySQL, MariaDB: database) in the %s database %s; create it first (check creates none), or name an existing one",
+		return usageErr("invalid --schema %q: no such schema (MySQL, MariaDB: database) in the %s database %s, or none the role may use; create it first or grant the role its use (check creates none), or name an existing one",
 			schema, t.dialect.Name(), t.where())
 	}
 	return nil

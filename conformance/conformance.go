@@ -97,7 +97,9 @@ type Config struct {
 	// DriverName is the database/sql driver name to open DSNs with
 	// ("pgx", "sqlite3"); the driver must be registered.
 	DriverName string
-	// NewDatabase prepares an empty, isolated database for the case name.
+	// NewDatabase prepares an empty, isolated database for the case name:
+	// one of its own, or a schema shared with other cases and tables under
+	// a table prefix of the case's own (Database.Namespace).
 	NewDatabase func(ctx context.Context, caseName string) (Database, error)
 	// NewLocker builds a Locker; nil means lock.New. Adapters (bunlock,
 	// sqlxlock) plug their constructor in here to run cases through it
