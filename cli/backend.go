@@ -40,7 +40,9 @@ type Backend struct {
 	// with: every case must get a database of its own (for example a fresh
 	// schema) that its Cleanup removes. driverDSN and file come from DSN;
 	// both are empty when Embedded and no DSN was given. cleanup runs after
-	// the cases (it may be nil). Nil: the backend cannot be checked.
+	// the cases (it may be nil). Nil: the backend cannot be checked. With
+	// check --schema, cfg.NewDatabase is replaced: every case runs in that
+	// schema of driverDSN under a prefix of its own (conftest.InSchema).
 	Check func(ctx context.Context, driverDSN, file string) (cfg conformance.Config, cleanup func() error, err error)
 	// InMemory reports whether a DSN names a database that lives only as
 	// long as the connection (SQLite's ":memory:", mode=memory): migrate,

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sqlease/sqlease/conformance"
+	"github.com/sqlease/sqlease/conformance/conftest"
 	"github.com/sqlease/sqlease/dialect"
 )
 
@@ -32,6 +33,7 @@ func setupCheck(fs *flag.FlagSet, out *output) func(context.Context, []string) e
 		verbose  bool
 		asJSON   bool
 		timeout  time.Duration
+		schema   string
 	)
 	fs.StringVar(&db.dsn, "dsn", "", "database `DSN` (default $"+dsnEnv+"; unset: a fresh embedded SQLite file in a temporary directory)")
 	fs.StringVar(&db.dialect, "dialect", "", "dialect `NAME` ("+backendNames()+"); default: inferred from the DSN")
@@ -41,6 +43,13 @@ func setupCheck(fs *flag.FlagSet, out *output) func(context.Context, []string) e
 	fs.BoolVar(&verbose, "verbose", false, "print the log of every case, not only of failing ones")
 	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after `DURATION`, naming the cases still running (exit 1)")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object with every case and the summary instead of text")
+	fs.Func("schema", "run every case in the existing `SCHEMA` (MySQL: database) under a table prefix of its own, instead of in a fresh schema per case (see above)", func(v string) error {
+		if v == "" {
+			return errors.New("empty; omit --schema for a fresh schema per case, or name an existing one")
+		}
+		schema = v
+		return nil
+	})
 	return func(ctx context.Context, args []string) error {
 		if err := noArgs(args); err != nil {
 			return err
@@ -67,7 +76,7 @@ func setupCheck(fs *flag.FlagSet, out *output) func(context.Context, []string) e
 		if len(cases) == 0 {
 			return usageErr("no conformance case matches --run %q", runExpr)
 		}
-		cfg, finish, err := checkConfig(ctx, &db)
+		cfg, finish, err := checkConfig(ctx, &db, schema)
 		if err != nil {
 			return err
 		}
@@ -226,11 +235,25 @@ func sortCases(cases []conformance.Case) []conformance.Case {
 	return out
 }
 
+// checkMore is the help of check past its summary.
+const checkMore = `Each case gets a database of its own, removed after it: without a DSN a
+fresh embedded SQLite file; on PostgreSQL a fresh schema (the role needs
+CREATE on the database); on MySQL/MariaDB a fresh database (CREATE
+DATABASE). With --schema NAME every case runs instead in that existing
+schema (MySQL: database), which the role needs only to create tables and
+routines in, under a fresh table prefix of its own ("t" and 8 hex digits
+and "_"): cases never see each other's tables, and after each case
+everything under its prefix is dropped (migrate.Drop, then the tables the
+case made); the schema and whatever else it holds are left alone. check
+fails when anything under a case's prefix is left. SQLite has no schemas.`
+
 // checkConfig builds the conformance Config for the flags from the
-// registered Backend of the database. finish runs after the cases: it runs
-// the backend's cleanup (a temporary SQLite directory), then verifies that
-// every schema the cases made was dropped.
-func checkConfig(ctx context.Context, f *dbFlags) (cfg conformance.Config, finish func([]conformance.Database) error, err error) {
+// registered Backend of the database; with schema (--schema), every case
+// runs in that schema under a prefix of its own (conftest.InSchema).
+// finish runs after the cases: it runs the backend's cleanup (a temporary
+// SQLite directory), then verifies that every schema the cases made was
+// dropped, or with schema that nothing is left under their prefixes.
+func checkConfig(ctx context.Context, f *dbFlags, schema string) (cfg conformance.Config, finish func([]conformance.Database) error, err error) {
 	var t target
 	if dsn := f.dsnValue(); dsn == "" {
 		// No database: the embedded backend, in a temporary directory.
@@ -253,20 +276,30 @@ func checkConfig(ctx context.Context, f *dbFlags) (cfg conformance.Config, finis
 			return cfg, nil, usageErr("%v", err)
 		}
 		t.driver = t.backend.Driver
+		if err := checkSchemaFlag(t, schema); err != nil {
+			return cfg, nil, err
+		}
 	} else {
 		if t, err = resolve(dsn, f.dialect); err != nil {
+			return cfg, nil, err
+		}
+		if err := checkSchemaFlag(t, schema); err != nil {
 			return cfg, nil, err
 		}
 		if t.backend.Check == nil {
 			return cfg, nil, usageErr("check has no conformance configuration for dialect %q (its backend sets no Check)", t.dialect.Name())
 		}
 		if t.file == "" {
-			// A server: it must be reachable.
+			// A server: it must be reachable, and --schema must exist.
 			db, _, err := open(ctx, f, false)
 			if err != nil {
 				return cfg, nil, err
 			}
+			err = schemaExists(ctx, db, t, schema)
 			db.Close()
+			if err != nil {
+				return cfg, nil, err
+			}
 		}
 	}
 	cfg, cleanup, err := t.backend.Check(ctx, t.dsn, t.file)
@@ -274,16 +307,76 @@ func checkConfig(ctx context.Context, f *dbFlags) (cfg conformance.Config, finis
 		return cfg, nil, usageErr("%s: %v", t.dialect.Name(), err)
 	}
 	cfg.Dialect = t.dialect
+	if schema != "" {
+		cfg = conftest.InSchema(cfg, t.dsn, schema)
+	}
 	return cfg, func(dbs []conformance.Database) error {
 		var errs []error
 		if cleanup != nil {
 			errs = append(errs, cleanup())
 		}
-		if t.dsn != "" && t.file == "" {
+		switch {
+		case schema != "":
+			errs = append(errs, verifyPrefixesDropped(t, schema, dbs))
+		case t.dsn != "" && t.file == "":
 			errs = append(errs, verifySchemasDropped(t, dbs))
 		}
 		return errors.Join(errs...)
 	}, nil
+}
+
+// checkSchemaFlag refuses a --schema that the dialect cannot have (no
+// schemas: SQLite) or that is not a valid or allowed schema name.
+func checkSchemaFlag(t target, schema string) error {
+	if schema == "" {
+		return nil
+	}
+	if !t.dialect.Capabilities().Has(dialect.CapSchemas) {
+		return usageErr("invalid --schema %q: %s databases have no schemas; omit --schema (check gives every case a database file of its own)",
+			schema, t.dialect.Name())
+	}
+	if err := (dialect.Namespace{Schema: schema}).Validate(t.dialect); err != nil {
+		return inputUsageErr(err)
+	}
+	return nil
+}
+
+// schemaExists refuses a --schema the database does not have: check
+// creates no schema with --schema (migrate.Up would), so that it needs no
+// right to and leaves none behind.
+func schemaExists(ctx context.Context, db *sql.DB, t target, schema string) error {
+	if schema == "" {
+		return nil
+	}
+	var n int
+	q := "SELECT count(*) FROM information_schema.schemata WHERE schema_name = " + t.dialect.Placeholder(1)
+	if err := db.QueryRowContext(ctx, q, schema).Scan(&n); err != nil {
+		return usageErr("--schema %q: cannot tell whether the %s database %s has it: %s", schema, t.dialect.Name(), t.where(), scrubSecrets(err.Error(), t.dsn))
+	}
+	if n == 0 {
+		return usageErr("invalid --schema %q: no such schema (MySQL, MariaDB: database) in the %s database %s, or none the role may use; create it first or grant the role its use (check creates none), or name an existing one",
+			schema, t.dialect.Name(), t.where())
+	}
+	return nil
+}
+
+// verifyPrefixesDropped checks that nothing is left under the prefix of
+// any case in schema (conftest.Leftovers).
+func verifyPrefixesDropped(t target, schema string, dbs []conformance.Database) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var nss []dialect.Namespace
+	for _, d := range dbs {
+		nss = append(nss, d.Namespace)
+	}
+	left, err := conftest.Leftovers(ctx, t.driver, t.dsn, t.dialect, schema, nss)
+	if err != nil {
+		return fmt.Errorf("verify that the cases' tables were dropped: %w", err)
+	}
+	if len(left) > 0 {
+		return &exitError{code: exitFailed, err: fmt.Errorf("tables or routines of the cases left behind in schema %s (drop them by hand): %s", schema, strings.Join(left, ", "))}
+	}
+	return nil
 }
 
 // trackDatabases wraps cfg.NewDatabase to remember every database handed to

@@ -19,7 +19,7 @@
 //
 // Commands:
 //
-//	sqlease check   [--dsn DSN] [--dialect NAME] [--run REGEXP] [--full] [--parallel N] [--verbose] [--timeout D] [--json]
+//	sqlease check   [--dsn DSN] [--dialect NAME] [--schema S] [--run REGEXP] [--full] [--parallel N] [--verbose] [--timeout D] [--json]
 //	sqlease migrate [up|status|down] [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P] [--yes] [--json]
 //	sqlease status  [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P] [--key PREFIX] [--json]
 //	sqlease sweep   [--dsn DSN] [--dialect NAME] [--schema S] [--prefix P] [--limit N] [--json]
@@ -30,7 +30,8 @@
 // check runs the conformance suite (package conformance) against a database:
 // without --dsn on a fresh embedded SQLite file, with a PostgreSQL or MySQL
 // DSN in a fresh schema (MySQL: database) per case that is dropped
-// afterwards. It prints the cases sorted and grouped by rule in the
+// afterwards, or with --schema in that existing schema under a fresh table
+// prefix per case, everything under which is dropped afterwards. It prints the cases sorted and grouped by rule in the
 // contract's order (a "== S1" line, then "S1_Name  PASS  0.12s" lines, S1
 // before S2 before S10, then H, W, F, D, I), a failing or skipped case's log
 // indented under it, and last "N passed, N failed, N skipped". migrate up
@@ -243,7 +244,7 @@ func UsageError(format string, args ...any) error { return usageErr(format, args
 // help.
 func commands() []command {
 	cs := []command{
-		{name: "check", summary: "run the conformance suite against a database (default: a fresh embedded SQLite file)", setup: setupCheck},
+		{name: "check", summary: "run the conformance suite against a database (default: a fresh embedded SQLite file)", more: checkMore, setup: setupCheck},
 		{name: "migrate", args: "[up|status|down]", summary: "apply the lock table migrations (up, the default), list them (status) or revert them all (down, asks first)", more: migrateStatusExit, setup: setupMigrate},
 		{name: "status", summary: "list leases, pending-writer markers and FIFO tickets with their tokens and expiry", more: statusModes, setup: setupStatus},
 		{name: "sweep", summary: "delete expired lease rows, at most --limit, in one short transaction", setup: setupSweep},

@@ -94,7 +94,10 @@ type T interface {
 type Database struct {
 	// DSN opens it with Config.DriverName (also from a child process).
 	DSN string
-	// Namespace places the lock tables (a fresh schema on PostgreSQL).
+	// Namespace places the lock tables: a fresh schema per case, or a
+	// schema cases share with a prefix per case (conftest.InSchema). Cases
+	// put every table they create under this prefix (Env.Table,
+	// Env.SubNamespace), so a Cleanup may remove what starts with it.
 	Namespace dialect.Namespace
 	// Cleanup removes it after the case; may be nil.
 	Cleanup func()
@@ -107,7 +110,9 @@ type Config struct {
 	// DriverName is the database/sql driver name to open DSNs with
 	// ("pgx", "sqlite3"); the driver must be registered.
 	DriverName string
-	// NewDatabase prepares an empty, isolated database for the case name.
+	// NewDatabase prepares an empty, isolated database for the case name:
+	// one of its own, or a schema shared with other cases and tables under
+	// a table prefix of the case's own (Database.Namespace).
 	NewDatabase func(ctx context.Context, caseName string) (Database, error)
 	// NewLocker builds a Locker; nil means lock.New. Adapters (bunlock,
 	// sqlxlock) plug their constructor in here to run cases through it
@@ -244,6 +249,9 @@ type Env struct {
 
 	mu   sync.Mutex
 	done bool
+	// gooseBefore: goose's own version table (goose_db_version) was in
+	// the case's schema before the case migrated (a shared schema).
+	gooseBefore bool
 }
 
 func newEnv(t T, cfg Config, c Case) *Env {
@@ -279,6 +287,11 @@ func newEnv(t T, cfg Config, c Case) *Env {
 		e.Faults.Reset()
 		_ = e.DB.Close()
 	})
+	goose := dialect.Namespace{Schema: e.Namespace.Schema, Prefix: "goose_"}
+	if rows, err := e.DB.QueryContext(ctx, "SELECT 1 FROM "+goose.Object(cfg.Dialect, "db_version")+" WHERE 1 = 0"); err == nil {
+		rows.Close()
+		e.gooseBefore = true
+	}
 	if _, err := migrate.Up(ctx, e.DB, cfg.Dialect, migrate.WithNamespace(e.Namespace)); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
@@ -398,11 +411,21 @@ func (e *Env) OpenDB() *sql.DB {
 }
 
 // Table returns the quoted name of a case-owned table called name (not a
-// lock table) in the case's namespace, e.g. for a log table.
+// lock table) in the case's schema, e.g. for a log table: the case's
+// prefix (SubNamespace), then "case_", then name.
 func (e *Env) Table(name string) string {
-	ns := e.Namespace
-	ns.Prefix = "case_"
-	return ns.Object(e.Dialect, name)
+	return e.SubNamespace("case_").Object(e.Dialect, name)
+}
+
+// SubNamespace returns a namespace of the case's own other than its lock
+// tables' (an unmigrated one, say): the case's schema, and its prefix
+// followed by prefix. Cases derive every other namespace they use from
+// theirs, so that cases sharing one schema (Database.Namespace with a
+// prefix per case) never meet, and removing everything under the case's
+// prefix cleans up after it. With the case's prefix left empty (the
+// default prefix), the prefix is prefix itself.
+func (e *Env) SubNamespace(prefix string) dialect.Namespace {
+	return dialect.Namespace{Schema: e.Namespace.Schema, Prefix: e.Namespace.Prefix + prefix}
 }
 
 // Go runs f in a goroutine; Wait waits for all of them. Use it instead of

@@ -258,7 +258,7 @@ func i1UnknownDialectAndUnmigrated(e *Env) {
 		e.T.Errorf("Lookup(%q): %v, %v", e.Dialect.Name(), d, err)
 	}
 
-	ns := dialect.Namespace{Schema: e.Namespace.Schema, Prefix: "i1_"}
+	ns := e.SubNamespace("i1_")
 	_, err := inpNewLocker(e, e.DB, lock.WithSchema(ns.Schema), lock.WithTablePrefix(ns.Prefix))
 	var se *lock.SchemaError
 	if !errors.Is(err, lock.ErrSchemaNotMigrated) || !errors.As(err, &se) {

@@ -62,7 +62,7 @@ func d3BadSchemaAndPrefixRejected(e *Env) {
 		e.T.Errorf("row count changed from %d to %d", rows, got)
 	}
 	// The longest allowed prefix works end to end (migrated, then used).
-	ns := dialect.Namespace{Schema: e.Namespace.Schema, Prefix: strings.Repeat("p", dialect.MaxIdentifierLength-1) + "_"}
+	ns := e.SubNamespace(strings.Repeat("p", max(0, dialect.MaxIdentifierLength-len(e.Namespace.Prefix)-1)) + "_")
 	if _, err := migrate.Up(ctx, e.DB, e.Dialect, migrate.WithNamespace(ns)); err != nil {
 		e.T.Fatalf("migrate.Up with a %d-byte prefix: %v", len(ns.Prefix), err)
 	}

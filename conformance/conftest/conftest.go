@@ -1,6 +1,7 @@
 // Package conftest holds the conformance configurations of the built-in
 // dialects: a fresh SQLite file per case, a fresh PostgreSQL schema per case,
-// a fresh MySQL/MariaDB database per case, each removed after the case. It
+// a fresh MySQL/MariaDB database per case, each removed after the case, or
+// (InSchema) one existing schema shared under a table prefix per case. It
 // imports (and so registers) the built-in dialects and their pure-Go drivers
 // (pgx, modernc.org/sqlite, go-sql-driver/mysql; mattn/go-sqlite3 is the
 // caller's to import, see SQLiteDriver); package conformance itself imports
