@@ -19,6 +19,9 @@ type edited struct {
 }
 
 func (e edited) Capabilities() dialect.Capabilities { return e.caps }
+
+// noFIFO removes the FIFO statements (what gives CapFIFO).
+func noFIFO(s *dialect.Statements) { s.AcquireFIFO, s.Dequeue = nil, "" }
 func (e edited) Statements() dialect.Statements {
 	s := e.Dialect.Statements()
 	if e.edit != nil {
@@ -35,9 +38,9 @@ func TestCapabilitiesOfDerivesNotifyAndFIFO(t *testing.T) {
 	}{
 		{pgdialect.New(), dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapNotify | dialect.CapFIFO | dialect.CapFenceIdleTimeout},
 		{sqlitedialect.New(), dialect.CapWriteLockFence | dialect.CapFIFO},
-		{mysqldialect.New(), dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapFenceIdleTimeout},
+		{mysqldialect.New(), dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapFIFO | dialect.CapFenceIdleTimeout},
 		// A declared flag without what gives it is dropped.
-		{edited{Dialect: mysqldialect.New(), caps: dialect.CapNotify | dialect.CapFIFO}, 0},
+		{edited{Dialect: mysqldialect.New(), caps: dialect.CapNotify | dialect.CapFIFO, edit: noFIFO}, 0},
 	} {
 		if got := dialect.CapabilitiesOf(tc.d); got != tc.want {
 			t.Errorf("CapabilitiesOf(%s) = %s, want %s", tc.d.Name(), got, tc.want)
@@ -59,7 +62,7 @@ func TestCheckConsistentRefusesHalfFIFOAndFalseClaims(t *testing.T) {
 		{edited{Dialect: lite, edit: func(s *dialect.Statements) { s.Dequeue = "" }}, "AcquireFIFO but no Dequeue"},
 		{edited{Dialect: lite, edit: func(s *dialect.Statements) { s.AcquireFIFO = nil }}, "no AcquireFIFO"},
 		{edited{Dialect: pg, caps: dialect.CapNotify}, "declares notify without implementing it"},
-		{edited{Dialect: mysqldialect.New(), caps: dialect.CapFIFO}, "declares fifo without implementing it"},
+		{edited{Dialect: mysqldialect.New(), caps: dialect.CapFIFO, edit: noFIFO}, "declares fifo without implementing it"},
 	} {
 		err := dialect.CheckConsistent(tc.d)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

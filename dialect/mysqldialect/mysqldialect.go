@@ -28,6 +28,12 @@
 // that long (migration 00006); an acquire abandoned while its CALL waits
 // is stopped with KILL QUERY (SPEC H6; cancel.go).
 //
+// Strict FIFO waiters (lock.FIFO(), SPEC W6; migration 00007) keep a ticket
+// row while they wait: its sequence number is an AUTO_INCREMENT value drawn
+// under the same per-key named lock as grants, so per key it follows
+// arrival order, and the FIFO acquire procedure grants only when no live
+// ticket ahead of the caller's conflicts with the request.
+//
 // A Locker renews the leases due in one CALL per batch of up to 2,500
 // (migration 00005: the listed pairs are read with JSON_TABLE, so MySQL
 // 8.0.4+ or MariaDB 10.6+), which locks their holder rows in share mode, as
@@ -86,7 +92,8 @@ func (Dialect) Name() string { return Name }
 // Capabilities: schemas (MySQL databases), row-lock fences bounded by an
 // idle timeout (migration 00006: MariaDB's idle_transaction_timeout,
 // MySQL 8's wait_timeout, each in whole seconds) and concurrent writers.
-// No notifications: waiters poll.
+// FIFO waiters (CapFIFO) are derived from Statements.AcquireFIFO. No
+// notifications: waiters poll.
 func (Dialect) Capabilities() dialect.Capabilities {
 	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapFenceIdleTimeout
 }
@@ -244,9 +251,18 @@ WHERE LEFT(h.lock_key, LENGTH(@key_prefix)) = @key_prefix
 UNION ALL
 SELECT m.lock_key, 'w', m.waiter_id, m.owner, 0, m.expires_us, ` + nowUS + `
 FROM {markers} m WHERE LEFT(m.lock_key, LENGTH(@key_prefix)) = @key_prefix
+UNION ALL
+SELECT t.lock_key, 'q', t.ticket_id, t.owner, t.seq, t.expires_us, ` + nowUS + `
+FROM {tickets} t WHERE LEFT(t.lock_key, LENGTH(@key_prefix)) = @key_prefix
 ORDER BY 1, 5`,
-		Sweep:             []string{`CALL {sweep}(@limit)`},
+		// Expired tickets, then the holders and markers of {sweep}
+		// (migration 00007).
+		Sweep:             []string{`CALL {sweep_fifo}(@limit)`},
 		SweepReturnsCount: true,
-		CountRows:         `SELECT (SELECT COUNT(*) FROM {holders}) + (SELECT COUNT(*) FROM {expiry}) + (SELECT COUNT(*) FROM {markers})`,
+		CountRows:         `SELECT (SELECT COUNT(*) FROM {holders}) + (SELECT COUNT(*) FROM {expiry}) + (SELECT COUNT(*) FROM {markers}) + (SELECT COUNT(*) FROM {tickets})`,
+		// FIFO waiters (SPEC W6; migration 00007): tickets are drawn
+		// under the same per-key lock as Acquire's grants.
+		AcquireFIFO: []string{`CALL {acquire_fifo}(@key, @mode, @lease_id, @owner, @ttl_us, @marker_us, @watch_us, @ticket_id, @ticket_us, @shared_limit)`},
+		Dequeue:     `CALL {dequeue}(@ticket_id)`,
 	}
 }
