@@ -374,8 +374,8 @@ type Statements struct {
 	// token.
 	Holders string
 	// Sweep is a script run like Acquire. It deletes at most @limit expired
-	// holder rows, plus expired markers and idle per-key rows, in one short
-	// transaction; the RowsAffected of its last statement is the number of
+	// holder rows, plus expired markers, FIFO tickets and idle per-key rows,
+	// in short transactions (one, or one per kind of row); the RowsAffected of its last statement is the number of
 	// holder rows deleted (SPEC D2), unless SweepReturnsCount is set.
 	Sweep []string
 	// SweepReturnsCount says that the last Sweep statement is a query
