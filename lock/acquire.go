@@ -414,7 +414,7 @@ func (l *Locker) probe(ctx context.Context, q string, args []any, scan func(rowS
 		if conn, err = l.db.Conn(ctx); err != nil {
 			return err
 		}
-		err = queryConn(ctx, conn, l.inline, q, args, scan)
+		err = queryConn(ctx, conn, q, args, scan)
 		_ = conn.Close()
 		if !errors.Is(err, driver.ErrBadConn) {
 			return err

@@ -119,7 +119,6 @@ type Locker struct {
 	renewDB *sql.DB
 	d       dialect.Dialect
 	caps    dialect.Capabilities // dialect.CapabilitiesOf(d)
-	inline  dialect.Inliner      // d as a dialect.Inliner, or nil
 	cfg     config
 	channel string // cfg.ns.Channel(): the release notification channel
 	st      statements
@@ -220,7 +219,6 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 		return nil, err
 	}
 	l := &Locker{db: db, renewDB: db, d: d, caps: dialect.CapabilitiesOf(d), cfg: cfg, channel: cfg.ns.Channel(), active: map[string]*heldKey{}, leases: map[*Lease]struct{}{}, rlimit: renewBatchSize}
-	l.inline, _ = d.(dialect.Inliner)
 	l.boxed = boxed{owner: cfg.owner, ttlUS: cfg.ttl.Microseconds(), channel: l.channel}
 	l.closing, l.closeNow = context.WithCancelCause(context.Background())
 	if cfg.renewDB != nil {

@@ -13,10 +13,7 @@ package lock
 // whose connections do not implement driver.QueryerContext, or answer
 // driver.ErrSkip (go-sql-driver/mysql does for a query with arguments
 // unless the DSN sets interpolateParams=true: it prepares it first), and
-// arguments their checkers refuse, take database/sql's path, which
-// prepares the statement, runs it and closes it: two round trips. A
-// dialect.Inliner (MySQL) spares them: its Inline writes the arguments
-// into the text, sent in one round trip.
+// arguments their checkers refuse, take database/sql's path.
 
 import (
 	"context"
@@ -28,8 +25,6 @@ import (
 	"math"
 	"strconv"
 	"time"
-
-	"github.com/sqlease/sqlease/dialect"
 )
 
 // rowScanner reads the current result row into dest (*bool, *string or
@@ -39,12 +34,10 @@ type rowScanner interface {
 }
 
 // queryConn runs the query q with args on conn under ctx and calls each for
-// every result row, stopping at each's first error. When the driver would
-// prepare q (driver.ErrSkip) and in (may be nil) can write args into q,
-// the inlined text is sent instead. Errors are the driver's, as
-// database/sql would return them; a broken connection (driver.ErrBadConn)
-// is discarded by database/sql when it goes back.
-func queryConn(ctx context.Context, conn *sql.Conn, in dialect.Inliner, q string, args []any, each func(rowScanner) error) error {
+// every result row, stopping at each's first error. Errors are the
+// driver's, as database/sql would return them; a broken connection
+// (driver.ErrBadConn) is discarded by database/sql when it goes back.
+func queryConn(ctx context.Context, conn *sql.Conn, q string, args []any, each func(rowScanner) error) error {
 	direct := false
 	err := conn.Raw(func(dc any) error {
 		qc, ok := dc.(driver.QueryerContext)
@@ -56,11 +49,6 @@ func queryConn(ctx context.Context, conn *sql.Conn, in dialect.Inliner, q string
 			return nil
 		}
 		rows, err := qc.QueryContext(ctx, q, nv)
-		if errors.Is(err, driver.ErrSkip) && in != nil && len(nv) > 0 {
-			if text, ok := in.Inline(q, nv); ok {
-				rows, err = qc.QueryContext(ctx, text, nil)
-			}
-		}
 		if errors.Is(err, driver.ErrSkip) {
 			return nil
 		}

@@ -102,7 +102,7 @@ func TestQueryConnScansLikeDatabaseSQL(t *testing.T) {
 					want, wantErr := scanOne(func(dest any) error { return conn.QueryRowContext(ctx, q).Scan(dest) }, kind)
 					got, gotErr := scanOne(func(dest any) error {
 						n := 0
-						err := queryConn(ctx, conn, nil, q, nil, func(r rowScanner) error {
+						err := queryConn(ctx, conn, q, nil, func(r rowScanner) error {
 							n++
 							return r.Scan(dest)
 						})
@@ -119,16 +119,16 @@ func TestQueryConnScansLikeDatabaseSQL(t *testing.T) {
 			// Arguments are bound as database/sql binds them.
 			var s string
 			var n int64
-			err = queryConn(ctx, conn, nil, placeholderQuery(name), []any{"k/1", int64(7)}, func(r rowScanner) error { return r.Scan(&s, &n) })
+			err = queryConn(ctx, conn, placeholderQuery(name), []any{"k/1", int64(7)}, func(r rowScanner) error { return r.Scan(&s, &n) })
 			if err != nil || s != "k/1" || n != 7 {
 				t.Errorf("bound arguments read back as %q, %d, %v; want k/1, 7", s, n, err)
 			}
 			// A failing statement reports the driver's error, and the
 			// connection still works.
-			if err := queryConn(ctx, conn, nil, "SELECT * FROM no_such_table_here", nil, func(rowScanner) error { return nil }); err == nil {
+			if err := queryConn(ctx, conn, "SELECT * FROM no_such_table_here", nil, func(rowScanner) error { return nil }); err == nil {
 				t.Error("query of a missing table: no error")
 			}
-			if err := queryConn(ctx, conn, nil, "SELECT 1", nil, func(r rowScanner) error { return r.Scan(&n) }); err != nil || n != 1 {
+			if err := queryConn(ctx, conn, "SELECT 1", nil, func(r rowScanner) error { return r.Scan(&n) }); err != nil || n != 1 {
 				t.Errorf("after a failed query: %d, %v", n, err)
 			}
 		})
@@ -195,7 +195,7 @@ func TestQueryConnStartsNoGoroutineOfItsOwn(t *testing.T) {
 			viaSQL := created() - before
 			before = created()
 			for range n {
-				if err := queryConn(ctx, conn, nil, "SELECT 1", nil, func(r rowScanner) error { return r.Scan(&v) }); err != nil {
+				if err := queryConn(ctx, conn, "SELECT 1", nil, func(r rowScanner) error { return r.Scan(&v) }); err != nil {
 					t.Fatal(err)
 				}
 			}

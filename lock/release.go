@@ -86,7 +86,7 @@ func (l *Locker) releaseRows(ctx context.Context, leaseID string, token int64) (
 	}
 	defer done()
 	var n int64
-	err = queryConn(ctx, conn, l.inline, l.st.release.SQL, bindArgs(l.st.release.Stmt, l.releaseVals(leaseID, token)), func(rowScanner) error { n++; return nil })
+	err = queryConn(ctx, conn, l.st.release.SQL, bindArgs(l.st.release.Stmt, l.releaseVals(leaseID, token)), func(rowScanner) error { n++; return nil })
 	if err != nil {
 		return 0, err
 	}

@@ -31,7 +31,7 @@ func (l *Locker) script(ctx context.Context, db *sql.DB, stmts []dialect.Stmt, v
 			args := bindArgs(s, vals)
 			if i == len(stmts)-1 && scan != nil {
 				if c, ok := r.(*sql.Conn); ok {
-					return 0, queryConn(ctx, c, l.inline, s.SQL, args, scan)
+					return 0, queryConn(ctx, c, s.SQL, args, scan)
 				}
 				rows, err := r.QueryContext(ctx, s.SQL, args...)
 				if err != nil {
