@@ -98,9 +98,9 @@ type StressSpec struct {
 
 // CreateLogTable creates the grant log table used by stress cases. Its
 // last two columns may be left out (NULL): detail, how the hold ended
-// (for a violation's message), and row_gone_us (see Grant.RowGoneAt).
+// (for a violation's message), and seen (see Grant.Seen).
 func CreateLogTable(ctx context.Context, db *sql.DB, table string) error {
-	_, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (lock_key TEXT NOT NULL, token BIGINT NOT NULL, mode TEXT NOT NULL, acquired_us BIGINT NOT NULL, released_us BIGINT NOT NULL, worker TEXT NOT NULL, detail TEXT, row_gone_us BIGINT)`)
+	_, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (lock_key TEXT NOT NULL, token BIGINT NOT NULL, mode TEXT NOT NULL, acquired_us BIGINT NOT NULL, released_us BIGINT NOT NULL, worker TEXT NOT NULL, detail TEXT, seen TEXT)`)
 	return err
 }
 
@@ -111,9 +111,9 @@ func grantInsert(d dialect.Dialect, table string) string {
 		table, d.Placeholder(1), d.Placeholder(2), d.Placeholder(3), d.Placeholder(4), d.Placeholder(5), d.Placeholder(6))
 }
 
-// grantInsertDetail is grantInsert with the detail and row_gone_us columns.
+// grantInsertDetail is grantInsert with the detail and seen columns.
 func grantInsertDetail(d dialect.Dialect, table string) string {
-	return fmt.Sprintf(`INSERT INTO %s (lock_key, token, mode, acquired_us, released_us, worker, detail, row_gone_us) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)`,
+	return fmt.Sprintf(`INSERT INTO %s (lock_key, token, mode, acquired_us, released_us, worker, detail, seen) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)`,
 		table, d.Placeholder(1), d.Placeholder(2), d.Placeholder(3), d.Placeholder(4), d.Placeholder(5), d.Placeholder(6), d.Placeholder(7), d.Placeholder(8))
 }
 
@@ -128,12 +128,14 @@ func endOfHold(ctx context.Context, l *lock.Locker, lease *lock.Lease) (int64, e
 }
 
 // leaseRow is what the database held for a lease at one moment (read with
-// Locker.Holders): its row's expiry, whether the row was there, and the
-// database time of the read (zero when the key had no row at all).
+// Locker.Holders): its row's expiry, whether the row was there, the
+// database time of the read (zero when the key had no row at all), and
+// the key's live leases then (markers and tickets left out).
 type leaseRow struct {
 	expiry time.Time
 	found  bool
 	now    time.Time
+	live   []lock.Holder
 }
 
 // readRow reads lease's row.
@@ -144,8 +146,14 @@ func readRow(ctx context.Context, l *lock.Locker, lease *lock.Lease) (leaseRow, 
 	}
 	r := leaseRow{now: now}
 	for _, h := range hs {
-		if h.LeaseID == lease.LeaseID() && h.Key == lease.Key() {
+		if h.Key != lease.Key() || (h.Mode != lock.Exclusive && h.Mode != lock.Shared) {
+			continue
+		}
+		if h.LeaseID == lease.LeaseID() {
 			r.expiry, r.found = h.Expiry, true
+		}
+		if h.Expiry.After(now) {
+			r.live = append(r.live, h)
 		}
 	}
 	return r, nil
@@ -154,7 +162,7 @@ func readRow(ctx context.Context, l *lock.Locker, lease *lock.Lease) (leaseRow, 
 // end is the end of a hold released now: the database's time of the read,
 // or the lease's expiry as the holder knows it if that came first or the
 // time is unknown (the key had no row: then the lease's own row was gone
-// too, which goneLive reports).
+// too, which violation reports).
 func (r leaseRow) end(lease *lock.Lease) int64 {
 	exp := lease.Expiry().UnixMicro()
 	if r.now.IsZero() {
@@ -163,17 +171,24 @@ func (r leaseRow) end(lease *lock.Lease) int64 {
 	return min(r.now.UnixMicro(), exp)
 }
 
-// goneLive returns the database time at which the lease's row was found
-// gone while the expiry the holder knew was still ahead, or 0. In a stress
-// case nothing may delete a live row (takeover and sweep delete expired
-// rows, a release the holder's own), so a nonzero value is a grant the
-// holder was told of but the database did not keep, or a live lease
-// deleted: an S1 violation whether or not another grant overlapped it.
-func (r leaseRow) goneLive(lease *lock.Lease) int64 {
-	if r.found || r.now.IsZero() || !r.now.Before(lease.Expiry()) {
-		return 0
+// violation returns what the read shows that breaks S1 by itself, or "":
+// the lease's row gone while the expiry its holder knew (exp) was still ahead
+// (in a stress case nothing may delete a live row: takeover and sweep
+// delete expired rows, a release the holder's own; so the database either
+// did not keep a grant it reported or deleted a live lease), or a live
+// exclusive lease alongside another live lease of the key in one snapshot.
+func (r leaseRow) violation(exp time.Time) string {
+	var v []string
+	if !r.found && !r.now.IsZero() && r.now.Before(exp) {
+		v = append(v, fmt.Sprintf("its row was gone at %d, before the expiry %d its holder knew", r.now.UnixMicro(), exp.UnixMicro()))
 	}
-	return r.now.UnixMicro()
+	for _, h := range r.live {
+		if h.Mode == lock.Exclusive && len(r.live) > 1 {
+			v = append(v, fmt.Sprintf("at %d the database held exclusive lease %s (token %d) and %d other live leases of the key: %v", r.now.UnixMicro(), h.LeaseID, h.Token, len(r.live)-1, r.live))
+			break
+		}
+	}
+	return strings.Join(v, "; ")
 }
 
 // describe says how a hold ended, for the grant log's detail: the lease ID
@@ -272,7 +287,7 @@ func runStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 					onShared(-1)
 				}
 				crash := rand.IntN(100) < spec.CrashPercent
-				released, detail, gone, err := endStressHold(ctx, l, lease, crash)
+				released, detail, seen, err := endStressHold(ctx, l, lease, crash)
 				if err != nil {
 					errs <- err
 					return
@@ -287,7 +302,7 @@ func runStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 					}
 					l = next
 				}
-				if _, err := db.ExecContext(ctx, insert, key, lease.Token(), lease.Mode().String(), acquired, released, spec.Worker, detail, gone); err != nil {
+				if _, err := db.ExecContext(ctx, insert, key, lease.Token(), lease.Mode().String(), acquired, released, spec.Worker, detail, nullIfEmpty(seen)); err != nil {
 					errs <- fmt.Errorf("log: %w", err)
 					return
 				}
@@ -307,32 +322,40 @@ func runStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 // and ends by expiry), else it is released. It returns the end of the hold
 // for the grant log (a crashed lease's expiry: the one the holder knew, or
 // its row's in the database read just after Orphan if a renewal in flight
-// moved it later), the log's detail (leaseRow.describe) and row_gone_us
-// (leaseRow.goneLive).
-func endStressHold(ctx context.Context, l *lock.Locker, lease *lock.Lease, crash bool) (released int64, detail string, gone int64, err error) {
+// moved it later), the log's detail (leaseRow.describe) and what the
+// database showed that breaks S1 by itself (leaseRow.violation).
+func endStressHold(ctx context.Context, l *lock.Locker, lease *lock.Lease, crash bool) (released int64, detail, seen string, err error) {
 	if crash {
 		lease.Orphan()
 		row, err := readRow(ctx, l, lease)
 		if err != nil {
-			return 0, "", 0, err
+			return 0, "", "", err
 		}
 		released = lease.Expiry().UnixMicro()
 		if row.found {
 			released = max(released, row.expiry.UnixMicro())
 		}
-		return released, row.describe(lease, "orphaned"), row.goneLive(lease), nil
+		return released, row.describe(lease, "orphaned"), row.violation(lease.Expiry()), nil
 	}
 	row, err := readRow(ctx, l, lease)
 	if err != nil {
-		return 0, "", 0, err
+		return 0, "", "", err
 	}
 	ended := "released"
 	if err := lease.Release(ctx); errors.Is(err, lock.ErrNotHeld) {
 		ended = "released (not held)"
 	} else if err != nil {
-		return 0, "", 0, fmt.Errorf("release: %w", err)
+		return 0, "", "", fmt.Errorf("release: %w", err)
 	}
-	return row.end(lease), row.describe(lease, ended), row.goneLive(lease), nil
+	return row.end(lease), row.describe(lease, ended), row.violation(lease.Expiry()), nil
+}
+
+// nullIfEmpty is s, or NULL for "".
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }
 
 // Grant is one logged lease.
@@ -345,15 +368,15 @@ type Grant struct {
 	// Detail says how the hold ended (see leaseRow.describe); may be
 	// empty.
 	Detail string
-	// RowGoneAt is the database time (microseconds) at which the holder
-	// found its lease's row gone while the expiry it knew was still ahead
-	// (an S1 violation, see leaseRow.goneLive); 0: not seen.
-	RowGoneAt int64
+	// Seen is what the holder saw in the database at the end of its hold
+	// that breaks S1 by itself, whether or not another logged grant
+	// overlaps it (see leaseRow.violation); "": nothing.
+	Seen string
 }
 
 // ReadLog reads the grant log.
 func ReadLog(ctx context.Context, db *sql.DB, table string) ([]Grant, error) {
-	rows, err := db.QueryContext(ctx, `SELECT lock_key, token, mode, acquired_us, released_us, worker, detail, row_gone_us FROM `+table)
+	rows, err := db.QueryContext(ctx, `SELECT lock_key, token, mode, acquired_us, released_us, worker, detail, seen FROM `+table)
 	if err != nil {
 		return nil, err
 	}
@@ -361,20 +384,19 @@ func ReadLog(ctx context.Context, db *sql.DB, table string) ([]Grant, error) {
 	var out []Grant
 	for rows.Next() {
 		var g Grant
-		var detail sql.NullString
-		var gone sql.NullInt64
-		if err := rows.Scan(&g.Key, &g.Token, &g.Mode, &g.Acquired, &g.Released, &g.Worker, &detail, &gone); err != nil {
+		var detail, seen sql.NullString
+		if err := rows.Scan(&g.Key, &g.Token, &g.Mode, &g.Acquired, &g.Released, &g.Worker, &detail, &seen); err != nil {
 			return nil, err
 		}
-		g.Detail, g.RowGoneAt = detail.String, gone.Int64
+		g.Detail, g.Seen = detail.String, seen.String
 		out = append(out, g)
 	}
 	return out, rows.Err()
 }
 
 // CheckLog verifies S1 and S3 on a grant log: per key, no exclusive
-// interval overlaps any other interval, no holder found its lease's row
-// gone while it was live (Grant.RowGoneAt), and ordered by token, grants
+// interval overlaps any other interval, no holder saw the database break S1
+// (Grant.Seen), and ordered by token, grants
 // never go back in time and tokens never repeat. It returns one line per
 // violation (at most 20), with each grant's worker and detail.
 func CheckLog(grants []Grant) []string {
@@ -382,8 +404,8 @@ func CheckLog(grants []Grant) []string {
 	byKey := map[string][]Grant{}
 	for _, g := range grants {
 		byKey[g.Key] = append(byKey[g.Key], g)
-		if g.RowGoneAt != 0 {
-			bad = append(bad, fmt.Sprintf("S1 %s: %s token %d [%d,%d]: its row was gone at %d, while the holder knew it live%s", g.Key, g.Mode, g.Token, g.Acquired, g.Released, g.RowGoneAt, g.about()))
+		if g.Seen != "" {
+			bad = append(bad, fmt.Sprintf("S1 %s: %s token %d [%d,%d]: %s%s", g.Key, g.Mode, g.Token, g.Acquired, g.Released, g.Seen, g.about()))
 		}
 	}
 	for key, gs := range byKey {
