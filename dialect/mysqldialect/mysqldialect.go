@@ -26,7 +26,7 @@
 // expiry row (SPEC F1, H7). The fence also lowers the session's idle
 // timeouts to the TTL, so the server ends a fenced transaction left idle
 // that long (migration 00006); an acquire abandoned while its CALL waits
-// is stopped with KILL QUERY (SPEC H6; cancel.go).
+// is stopped with KILL CONNECTION (SPEC H6; cancel.go).
 //
 // A Locker renews the leases due in one CALL per batch of up to 2,500
 // (migration 00005: the listed pairs are read with JSON_TABLE, so MySQL
