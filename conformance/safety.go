@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -332,4 +333,62 @@ func s7TokenAtLeastClock(e *Env) {
 		e.Check(le.Token() >= floor, "grant %d (%s): token %d is below the database clock before the grant, %s = %d µs since the epoch: a server that lost grants could reissue it (SPEC S7)", i, m, le.Token(), before.UTC().Format(time.RFC3339Nano), before.UnixMicro())
 		e.Must(le.Release(ctx), "release %d", i)
 	}
+}
+
+// clkWatch reads the database clock every 10 ms until the case ends, then
+// logs how many readings it took and each time the database clock fell
+// behind the local monotonic clock by more than 1 ms (a step back, from
+// NTP or a hypervisor). Each reading is bounded by the local times before
+// its send and after its reply, so between readings i and j the database
+// clock must advance at least sent_j - recv_i: less is a step back. A
+// stress case's overlap that coincides with one is the clock's, not the
+// lock's (S1 is stated in database time).
+func clkWatch(e *Env) {
+	e.T.Helper()
+	l := e.NewLocker(nil, lock.WithOwner("conformance clock watch"))
+	if _, err := l.TryAcquire(e.Ctx(), clkKey, lock.Shared); err != nil {
+		e.T.Fatalf("clock lease: %v", err)
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	var summary string
+	e.T.Cleanup(func() {
+		close(done)
+		<-finished
+		e.T.Logf("%s", summary)
+	})
+	go func() {
+		defer close(finished)
+		var prevRecv, prevDB time.Time
+		n, worst := 0, time.Duration(0)
+		var steps []string
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				summary = fmt.Sprintf("database clock: %d readings, largest step back %s", n, worst)
+				if len(steps) > 0 {
+					summary += ": " + strings.Join(steps, "; ")
+				}
+				return
+			case <-t.C:
+			}
+			sent := time.Now()
+			_, now, err := l.Holders(e.Ctx(), clkKey)
+			recv := time.Now()
+			if err != nil || now.IsZero() {
+				continue
+			}
+			if n > 0 {
+				if back := sent.Sub(prevRecv) - now.Sub(prevDB); back > time.Millisecond {
+					worst = max(worst, back)
+					if len(steps) < 5 {
+						steps = append(steps, fmt.Sprintf("back %s between %d and %d", back, prevDB.UnixMicro(), now.UnixMicro()))
+					}
+				}
+			}
+			prevRecv, prevDB = recv, now
+			n++
+		}
+	}()
 }

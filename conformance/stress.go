@@ -96,9 +96,11 @@ type StressSpec struct {
 	Limit int
 }
 
-// CreateLogTable creates the grant log table used by stress cases.
+// CreateLogTable creates the grant log table used by stress cases. Its
+// last two columns may be left out (NULL): detail, how the hold ended
+// (for a violation's message), and seen (see Grant.Seen).
 func CreateLogTable(ctx context.Context, db *sql.DB, table string) error {
-	_, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (lock_key TEXT NOT NULL, token BIGINT NOT NULL, mode TEXT NOT NULL, acquired_us BIGINT NOT NULL, released_us BIGINT NOT NULL, worker TEXT NOT NULL)`)
+	_, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (lock_key TEXT NOT NULL, token BIGINT NOT NULL, mode TEXT NOT NULL, acquired_us BIGINT NOT NULL, released_us BIGINT NOT NULL, worker TEXT NOT NULL, detail TEXT, seen TEXT)`)
 	return err
 }
 
@@ -109,14 +111,101 @@ func grantInsert(d dialect.Dialect, table string) string {
 		table, d.Placeholder(1), d.Placeholder(2), d.Placeholder(3), d.Placeholder(4), d.Placeholder(5), d.Placeholder(6))
 }
 
+// grantInsertDetail is grantInsert with the detail and seen columns.
+func grantInsertDetail(d dialect.Dialect, table string) string {
+	return fmt.Sprintf(`INSERT INTO %s (lock_key, token, mode, acquired_us, released_us, worker, detail, seen) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)`,
+		table, d.Placeholder(1), d.Placeholder(2), d.Placeholder(3), d.Placeholder(4), d.Placeholder(5), d.Placeholder(6), d.Placeholder(7), d.Placeholder(8))
+}
+
 // endOfHold is when a lease's hold ends, for the grant log: the database's
 // current time, or the lease's expiry if that came first.
 func endOfHold(ctx context.Context, l *lock.Locker, lease *lock.Lease) (int64, error) {
-	_, now, err := l.Holders(ctx, lease.Key())
+	row, err := readRow(ctx, l, lease)
 	if err != nil {
-		return 0, fmt.Errorf("holders: %w", err)
+		return 0, err
 	}
-	return min(now.UnixMicro(), lease.Expiry().UnixMicro()), nil
+	return row.end(lease), nil
+}
+
+// leaseRow is what the database held for a lease at one moment (read with
+// Locker.Holders): its row's expiry, whether the row was there, the
+// database time of the read (zero when the key had no row at all), and
+// the key's live leases then (markers and tickets left out).
+type leaseRow struct {
+	expiry time.Time
+	found  bool
+	now    time.Time
+	live   []lock.Holder
+}
+
+// readRow reads lease's row.
+func readRow(ctx context.Context, l *lock.Locker, lease *lock.Lease) (leaseRow, error) {
+	hs, now, err := l.Holders(ctx, lease.Key())
+	if err != nil {
+		return leaseRow{}, fmt.Errorf("holders: %w", err)
+	}
+	r := leaseRow{now: now}
+	for _, h := range hs {
+		if h.Key != lease.Key() || (h.Mode != lock.Exclusive && h.Mode != lock.Shared) {
+			continue
+		}
+		if h.LeaseID == lease.LeaseID() {
+			r.expiry, r.found = h.Expiry, true
+		}
+		if h.Expiry.After(now) {
+			r.live = append(r.live, h)
+		}
+	}
+	return r, nil
+}
+
+// end is the end of a hold released now: the database's time of the read,
+// or the lease's expiry as the holder knows it if that came first or the
+// time is unknown (the key had no row: then the lease's own row was gone
+// too, which violation reports).
+func (r leaseRow) end(lease *lock.Lease) int64 {
+	exp := lease.Expiry().UnixMicro()
+	if r.now.IsZero() {
+		return exp
+	}
+	return min(r.now.UnixMicro(), exp)
+}
+
+// violation returns what the read shows that breaks S1 by itself, or "":
+// the lease's row gone while the expiry its holder knew (exp) was still ahead
+// (in a stress case nothing may delete a live row: takeover and sweep
+// delete expired rows, a release the holder's own; so the database either
+// did not keep a grant it reported or deleted a live lease), or a live
+// exclusive lease alongside another live lease of the key in one snapshot.
+func (r leaseRow) violation(exp time.Time) string {
+	var v []string
+	if !r.found && !r.now.IsZero() && r.now.Before(exp) {
+		v = append(v, fmt.Sprintf("its row was gone at %d, before the expiry %d its holder knew", r.now.UnixMicro(), exp.UnixMicro()))
+	}
+	for _, h := range r.live {
+		if h.Mode == lock.Exclusive && len(r.live) > 1 {
+			v = append(v, fmt.Sprintf("at %d the database held exclusive lease %s (token %d) and %d other live leases of the key: %v", r.now.UnixMicro(), h.LeaseID, h.Token, len(r.live)-1, r.live))
+			break
+		}
+	}
+	return strings.Join(v, "; ")
+}
+
+// describe says how a hold ended, for the grant log's detail: the lease ID
+// and owner, how it ended, the expiry the holder knew (a renewal moved it
+// past the grant's), the row's expiry in the database then ("gone" when it
+// had no row) and the database time of that read, and the lease's error.
+func (r leaseRow) describe(lease *lock.Lease, ended string) string {
+	db := "gone"
+	if r.found {
+		db = fmt.Sprint(r.expiry.UnixMicro())
+	}
+	var now int64
+	if !r.now.IsZero() {
+		now = r.now.UnixMicro()
+	}
+	return fmt.Sprintf("lease=%s owner=%s end=%s exp=%d db_exp=%s db_now=%d err=%v",
+		lease.LeaseID(), lease.Owner(), ended, lease.Expiry().UnixMicro(), db, now, lease.Err())
 }
 
 // joinErrs closes errs and joins what was sent on it.
@@ -145,7 +234,7 @@ func runStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 	if newLocker == nil {
 		newLocker = lock.New
 	}
-	insert := grantInsert(d, spec.LogTable)
+	insert := grantInsertDetail(d, spec.LogTable)
 	deadline := time.Now().Add(spec.Duration)
 	var wg sync.WaitGroup
 	errs := make(chan error, spec.Workers)
@@ -197,28 +286,23 @@ func runStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 				if mode == lock.Shared {
 					onShared(-1)
 				}
-				var released int64
-				if rand.IntN(100) < spec.CrashPercent {
-					// The holder "crashes": its lease is never renewed or
-					// released again, and the worker restarts as a new
-					// holder.
-					lease.Orphan()
-					released = lease.Expiry().UnixMicro()
-					if l, err = start(); err != nil {
-						errs <- err
-						return
-					}
-				} else {
-					if released, err = endOfHold(ctx, l, lease); err != nil {
-						errs <- err
-						return
-					}
-					if err := lease.Release(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
-						errs <- fmt.Errorf("release: %w", err)
-						return
-					}
+				crash := rand.IntN(100) < spec.CrashPercent
+				released, detail, seen, err := endStressHold(ctx, l, lease, crash)
+				if err != nil {
+					errs <- err
+					return
 				}
-				if _, err := db.ExecContext(ctx, insert, key, lease.Token(), lease.Mode().String(), acquired, released, spec.Worker); err != nil {
+				if crash {
+					// The holder "crashed": the worker restarts as a new
+					// holder.
+					next, err := start()
+					if err != nil {
+						errs <- err
+						return
+					}
+					l = next
+				}
+				if _, err := db.ExecContext(ctx, insert, key, lease.Token(), lease.Mode().String(), acquired, released, spec.Worker, detail, nullIfEmpty(seen)); err != nil {
 					errs <- fmt.Errorf("log: %w", err)
 					return
 				}
@@ -233,6 +317,47 @@ func runStressWorkers(ctx context.Context, db *sql.DB, d dialect.Dialect, spec S
 	return joinErrs(errs)
 }
 
+// endStressHold ends a stress worker's hold of lease: with crash, the
+// holder "crashes" (Orphan: the lease is never renewed or released again
+// and ends by expiry), else it is released. It returns the end of the hold
+// for the grant log (a crashed lease's expiry: the one the holder knew, or
+// its row's in the database read just after Orphan if a renewal in flight
+// moved it later), the log's detail (leaseRow.describe) and what the
+// database showed that breaks S1 by itself (leaseRow.violation).
+func endStressHold(ctx context.Context, l *lock.Locker, lease *lock.Lease, crash bool) (released int64, detail, seen string, err error) {
+	if crash {
+		lease.Orphan()
+		row, err := readRow(ctx, l, lease)
+		if err != nil {
+			return 0, "", "", err
+		}
+		released = lease.Expiry().UnixMicro()
+		if row.found {
+			released = max(released, row.expiry.UnixMicro())
+		}
+		return released, row.describe(lease, "orphaned"), row.violation(lease.Expiry()), nil
+	}
+	row, err := readRow(ctx, l, lease)
+	if err != nil {
+		return 0, "", "", err
+	}
+	ended := "released"
+	if err := lease.Release(ctx); errors.Is(err, lock.ErrNotHeld) {
+		ended = "released (not held)"
+	} else if err != nil {
+		return 0, "", "", fmt.Errorf("release: %w", err)
+	}
+	return row.end(lease), row.describe(lease, ended), row.violation(lease.Expiry()), nil
+}
+
+// nullIfEmpty is s, or NULL for "".
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
 // Grant is one logged lease.
 type Grant struct {
 	Key                string
@@ -240,11 +365,18 @@ type Grant struct {
 	Mode               string
 	Acquired, Released int64 // database microseconds
 	Worker             string
+	// Detail says how the hold ended (see leaseRow.describe); may be
+	// empty.
+	Detail string
+	// Seen is what the holder saw in the database at the end of its hold
+	// that breaks S1 by itself, whether or not another logged grant
+	// overlaps it (see leaseRow.violation); "": nothing.
+	Seen string
 }
 
 // ReadLog reads the grant log.
 func ReadLog(ctx context.Context, db *sql.DB, table string) ([]Grant, error) {
-	rows, err := db.QueryContext(ctx, `SELECT lock_key, token, mode, acquired_us, released_us, worker FROM `+table)
+	rows, err := db.QueryContext(ctx, `SELECT lock_key, token, mode, acquired_us, released_us, worker, detail, seen FROM `+table)
 	if err != nil {
 		return nil, err
 	}
@@ -252,23 +384,29 @@ func ReadLog(ctx context.Context, db *sql.DB, table string) ([]Grant, error) {
 	var out []Grant
 	for rows.Next() {
 		var g Grant
-		if err := rows.Scan(&g.Key, &g.Token, &g.Mode, &g.Acquired, &g.Released, &g.Worker); err != nil {
+		var detail, seen sql.NullString
+		if err := rows.Scan(&g.Key, &g.Token, &g.Mode, &g.Acquired, &g.Released, &g.Worker, &detail, &seen); err != nil {
 			return nil, err
 		}
+		g.Detail, g.Seen = detail.String, seen.String
 		out = append(out, g)
 	}
 	return out, rows.Err()
 }
 
 // CheckLog verifies S1 and S3 on a grant log: per key, no exclusive
-// interval overlaps any other interval, and ordered by token, grants never
-// go back in time and tokens never repeat. It returns one line per
-// violation (at most 20).
+// interval overlaps any other interval, no holder saw the database break S1
+// (Grant.Seen), and ordered by token, grants
+// never go back in time and tokens never repeat. It returns one line per
+// violation (at most 20), with each grant's worker and detail.
 func CheckLog(grants []Grant) []string {
 	var bad []string
 	byKey := map[string][]Grant{}
 	for _, g := range grants {
 		byKey[g.Key] = append(byKey[g.Key], g)
+		if g.Seen != "" {
+			bad = append(bad, fmt.Sprintf("S1 %s: %s token %d [%d,%d]: %s%s", g.Key, g.Mode, g.Token, g.Acquired, g.Released, g.Seen, g.about()))
+		}
 	}
 	for key, gs := range byKey {
 		sort.Slice(gs, func(i, j int) bool { return gs[i].Token < gs[j].Token })
@@ -277,7 +415,7 @@ func CheckLog(grants []Grant) []string {
 				bad = append(bad, fmt.Sprintf("S3 %s: token %d granted twice", key, gs[i].Token))
 			}
 			if i > 0 && gs[i].Acquired < gs[i-1].Acquired {
-				bad = append(bad, fmt.Sprintf("S3 %s: token %d granted at %d, before token %d at %d", key, gs[i].Token, gs[i].Acquired, gs[i-1].Token, gs[i-1].Acquired))
+				bad = append(bad, fmt.Sprintf("S3 %s: token %d granted at %d%s, before token %d at %d%s", key, gs[i].Token, gs[i].Acquired, gs[i].about(), gs[i-1].Token, gs[i-1].Acquired, gs[i-1].about()))
 			}
 			for j := i + 1; j < len(gs); j++ {
 				a, b := gs[i], gs[j]
@@ -285,7 +423,7 @@ func CheckLog(grants []Grant) []string {
 					continue
 				}
 				if a.Acquired < b.Released && b.Acquired < a.Released {
-					bad = append(bad, fmt.Sprintf("S1 %s: %s token %d [%d,%d] overlaps %s token %d [%d,%d]", key, a.Mode, a.Token, a.Acquired, a.Released, b.Mode, b.Token, b.Acquired, b.Released))
+					bad = append(bad, fmt.Sprintf("S1 %s: %s token %d [%d,%d]%s overlaps %s token %d [%d,%d]%s", key, a.Mode, a.Token, a.Acquired, a.Released, a.about(), b.Mode, b.Token, b.Acquired, b.Released, b.about()))
 				}
 			}
 			if len(bad) >= 20 {
@@ -294,6 +432,14 @@ func CheckLog(grants []Grant) []string {
 		}
 	}
 	return bad
+}
+
+// about is g's worker and detail for a violation's message.
+func (g Grant) about() string {
+	if g.Detail == "" {
+		return fmt.Sprintf(" (worker %s)", g.Worker)
+	}
+	return fmt.Sprintf(" (worker %s, %s)", g.Worker, g.Detail)
 }
 
 // childCommand starts a child process doing spec's work: under go test it
@@ -391,6 +537,7 @@ func stressCaseFIFO(e *Env, sharedPercent, crashPercent, fifoPercent int) {
 	child := e.stressSpec()
 	child.Workers, child.Keys, child.SharedPercent, child.CrashPercent, child.FIFOPercent = 4, 4, sharedPercent, crashPercent, fifoPercent
 	child.Duration, child.TTL, child.Hold, child.WaitTimeout = dur, 400*time.Millisecond, 10*time.Millisecond, time.Second
+	clkWatch(e)
 	grants := runStress(e, 2, child, func(table string) error {
 		spec := child
 		spec.LogTable, spec.Worker, spec.Workers = table, "inproc", 16

@@ -26,7 +26,7 @@ type Killer interface {
 	// CONNECTION_ID()). It may cache the ID per driver connection.
 	SessionID(ctx context.Context, conn *sql.Conn) (int64, error)
 	// Kill stops the statement session id is running, sent on a
-	// connection of db (MySQL: KILL QUERY), and returns once the server
+	// connection of db (MySQL: KILL CONNECTION), and returns once the server
 	// accepted it. The statement then fails, or has already finished.
 	Kill(ctx context.Context, db *sql.DB, id int64) error
 }

@@ -131,9 +131,13 @@ func (s *killSlot) leave(conn *sql.Conn) {
 }
 
 // outcome returns the attempt's error once the caller gave up: a killed
-// statement's outcome is unknown to the caller (it may have committed a
-// grant before the kill landed), so its error, or its success, is reported
-// as a cancellation, which the waiter undoes (uncertain).
+// statement's outcome is unknown to the caller, so its error, or its
+// success, is reported as a cancellation, which the waiter undoes
+// (uncertain). A success is not to be trusted either: it may have
+// committed before the kill landed, but MariaDB can also interrupt a read
+// inside the acquire procedure without an error (the read returns no row,
+// which the procedure takes for "no holder"), so a killed CALL can grant
+// over a live conflicting lease and report success (SPEC S1).
 func (s *killSlot) outcome(err error) error {
 	if s == nil {
 		return err
@@ -141,8 +145,11 @@ func (s *killSlot) outcome(err error) error {
 	s.mu.Lock()
 	killed := s.killed
 	s.mu.Unlock()
-	if !killed || err == nil {
+	if !killed {
 		return err
+	}
+	if err == nil {
+		return fmt.Errorf("%w: acquire statement killed on the server", context.Canceled)
 	}
 	return fmt.Errorf("%w: acquire statement killed on the server: %w", context.Canceled, err)
 }

@@ -4,8 +4,8 @@ package mysqldialect
 // closes the connection when a statement's context ends, and the server
 // goes on running the statement: an acquire CALL waiting for the per-key
 // lock or a fenced row would grant after the caller gave up. The engine
-// (dialect.Killer) kills it instead with KILL QUERY from another connection
-// and reads its reply.
+// (dialect.Killer) kills its session instead with KILL CONNECTION from
+// another connection and reads its reply.
 
 import (
 	"context"
@@ -58,15 +58,17 @@ func (Dialect) SessionID(ctx context.Context, conn *sql.Conn) (int64, error) {
 	return id, nil
 }
 
-// Kill sends KILL QUERY id on a connection of db (dialect.Killer): the
-// server interrupts the statement session id runs (a wait for GET_LOCK or
-// a row lock ends at once), which then fails with error 1317 having
-// committed nothing it had not committed already. A user may kill the
-// statements of its own sessions without any privilege. Errors are the
-// database's.
+// Kill sends KILL CONNECTION id on a connection of db (dialect.Killer):
+// the server interrupts the statement session id runs (a wait for GET_LOCK
+// or a row lock ends at once) and ends the session, rolling back what the
+// statement had not committed yet. KILL QUERY would end only the
+// statement, and MariaDB can cut a read inside a stored procedure short
+// without an error: the acquire procedure then goes on, may grant beside
+// a live lease and commit (TestKillCommitsNothingMore_MySQL). A user may
+// kill its own sessions without any privilege. Errors are the database's.
 func (Dialect) Kill(ctx context.Context, db *sql.DB, id int64) error {
-	if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL QUERY %d", id)); err != nil {
-		return fmt.Errorf("mysqldialect: KILL QUERY %d: %w", id, err)
+	if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err != nil {
+		return fmt.Errorf("mysqldialect: KILL CONNECTION %d: %w", id, err)
 	}
 	return nil
 }

@@ -15,7 +15,7 @@ import (
 // TestCancelledAcquireLeavesNoGrant_MySQL: an acquire whose deadline passes
 // while its CALL waits on the server, for the key's named lock (GET_LOCK)
 // or for the row lock a fenced transaction holds on an expired holder, is
-// stopped on the server (KILL QUERY, dialect.Killer): right after Acquire
+// stopped on the server (KILL CONNECTION, dialect.Killer): right after Acquire
 // returns no holder row of it exists, none appears once the blocker lets
 // go (checked again 2 TTLs later), and the next acquire of the key works
 // (SPEC H6, H9). Without the kill, the CALL would go on waiting (up to

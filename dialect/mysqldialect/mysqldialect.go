@@ -29,7 +29,7 @@
 // expiry row (SPEC F1, H7). The fence also lowers the session's idle
 // timeouts to the TTL, so the server ends a fenced transaction left idle
 // that long (migration 00006); an acquire abandoned while its CALL waits
-// is stopped with KILL QUERY (SPEC H6; cancel.go).
+// is stopped with KILL CONNECTION (SPEC H6; cancel.go).
 //
 // Strict FIFO waiters (lock.FIFO(), SPEC W6; migration 00007) keep a ticket
 // row while they wait: its sequence number is an AUTO_INCREMENT value drawn

@@ -634,7 +634,7 @@ func semiSyncLocker(t *testing.T, primary *mariaServer, ttl time.Duration) (*loc
 //
 //   - a plain INSERT with a 300 ms deadline: go-sql-driver/mysql's context
 //     watcher closes the connection when the context ends and the call
-//     returns context.DeadlineExceeded (no KILL QUERY is sent); the row is
+//     returns context.DeadlineExceeded (no KILL is sent); the row is
 //     already committed and visible on the primary (AFTER_COMMIT), and the
 //     server thread goes on waiting for the acknowledgement;
 //   - an acquire of another key with a 1 s deadline: its grant is visible
@@ -946,7 +946,7 @@ func TestSemiSyncTimeoutFallsBackToAsync_MySQL(t *testing.T) {
 // rpl_semi_sync_master_timeout 60 s). The driver watches the context from
 // the moment it sends a statement until it has returned the statement's
 // result (or error); when the context ends meanwhile it closes the
-// connection (no KILL QUERY: the server thread keeps waiting, the commit
+// connection (no KILL: the server thread keeps waiting, the commit
 // stands) and returns the context's error. Once QueryContext has returned
 // rows, mysqlRows.Close stops watching (it calls finish first) and then
 // reads the rest of the reply with no deadline but the DSN's readTimeout.
