@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // StartStandby makes a hot standby of primary and starts it:
@@ -141,12 +143,26 @@ func (c *Cluster) Promote(ctx context.Context) error {
 	if c.primary == nil {
 		return errors.New("pgcluster: Promote on a cluster that is not a standby")
 	}
-	var ok bool
-	if err := c.query(ctx, "SELECT pg_promote(true, 60)", nil, &ok); err != nil {
-		return fmt.Errorf("pgcluster: promote: %w", err)
-	}
-	if !ok {
-		return fmt.Errorf("pgcluster: pg_promote did not finish within 60s (see %s)", c.LogPath())
+	for attempt := 1; ; attempt++ {
+		var ok bool
+		err := c.query(ctx, "SELECT pg_promote(true, 60)", nil, &ok)
+		var pe *pgconn.PgError
+		switch {
+		case err == nil && !ok:
+			return fmt.Errorf("pgcluster: pg_promote did not finish within 60s (see %s)", c.LogPath())
+		case err == nil:
+		case errors.As(err, &pe) && pe.Code == "55000" && attempt > 1:
+			// "recovery is not in progress": the cancelled call below
+			// had started the promotion.
+		case errors.As(err, &pe) && pe.Code == "40001" && attempt < 5:
+			// A recovery conflict cancelled the call on the standby
+			// ("canceling statement due to conflict with recovery"):
+			// the promotion may have started or not; ask again.
+			continue
+		default:
+			return fmt.Errorf("pgcluster: promote: %w", err)
+		}
+		break
 	}
 	for {
 		var inRecovery bool
