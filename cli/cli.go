@@ -349,6 +349,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 // positional arguments ("migrate status --dsn X" and "migrate --dsn X
 // status") and returns the positional ones.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	if err := flagTakenAsValue(fs, args); err != nil {
+		return nil, err
+	}
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -364,6 +367,31 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
+}
+
+// flagTakenAsValue reports a flag followed by another flag where its value
+// should be ("--schema --run X"): the flag package would take "--run" as
+// the schema, and the mistake would surface later as a confusing
+// "unexpected argument".
+func flagTakenAsValue(fs *flag.FlagSet, args []string) error {
+	for i := 0; i+1 < len(args) && args[i] != "--"; i++ {
+		f := fs.Lookup(strings.TrimLeft(args[i], "-"))
+		if f == nil || !strings.HasPrefix(args[i], "-") || isBoolFlag(f) {
+			continue
+		}
+		next := args[i+1]
+		name, _, _ := strings.Cut(strings.TrimLeft(next, "-"), "=")
+		if strings.HasPrefix(next, "-") && fs.Lookup(name) != nil {
+			return fmt.Errorf("flag needs an argument: --%s (it is followed by the flag %q)", f.Name, next)
+		}
+		i++ // args[i+1] is f's value
+	}
+	return nil
+}
+
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 // The flag package's parse errors name the flag with one dash, after the

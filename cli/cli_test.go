@@ -629,11 +629,17 @@ func TestSweepHonoursLimit(t *testing.T) {
 	swept := func(args ...string) int {
 		t.Helper()
 		r := cli(t, append([]string{"sweep", "--dsn", path}, args...)...)
-		m := regexp.MustCompile(`swept (\d+) `).FindStringSubmatch(r.stdout)
+		m := regexp.MustCompile(`swept (\d+) .*the lock tables went from (\d+) to (\d+) rows`).FindStringSubmatch(r.stdout)
 		if r.code != 0 || m == nil {
 			t.Fatalf("sweep %v: %v", args, r)
 		}
 		got, _ := strconv.Atoi(m[1])
+		before, _ := strconv.Atoi(m[2])
+		after, _ := strconv.Atoi(m[3])
+		// Every holder row swept is a row gone, and nothing else runs here.
+		if before-after < got {
+			t.Errorf("sweep %v: swept %d holder rows, but the tables went from %d to %d rows", args, got, before, after)
+		}
 		return got
 	}
 	first := swept("--limit", "2")
@@ -1182,7 +1188,7 @@ func TestJSON(t *testing.T) {
 	}
 	var sw sweepJSON
 	raw = jsonObject(t, &sw, "sweep", "--dsn", path, "--json", "--limit", "7")
-	hasFields(t, "sweep --json", raw, "swept", "limit")
+	hasFields(t, "sweep --json", raw, "swept", "limit", "rows_before", "rows_after")
 	if sw.Swept != 0 || sw.Limit != 7 {
 		t.Errorf("sweep --json: %+v", sw)
 	}
@@ -1548,6 +1554,9 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 		{[]string{"check", "--timeout", "5"}, `invalid value "5" for flag --timeout: want a duration: a number with a unit (ms, s, m, h)`},
 		{[]string{"check", "--full=maybe"}, `invalid boolean value "maybe" for --full: want true or false;`},
 		{[]string{"status", "--schema", ""}, `invalid value "" for flag --schema: empty; omit --schema for the connection's default schema`},
+		// A flag where a value belongs is not taken as the value.
+		{[]string{"check", "--schema", "--run", "X"}, `flag needs an argument: --schema (it is followed by the flag "--run");`},
+		{[]string{"status", "--prefix", "-dsn=x"}, `flag needs an argument: --prefix (it is followed by the flag "-dsn=x");`},
 	} {
 		r := cli(t, tc.args...)
 		// No flag named with one dash outside the quoted value.
