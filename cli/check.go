@@ -81,7 +81,7 @@ func setupCheck(fs *flag.FlagSet, out *output) func(context.Context, []string) e
 			return err
 		}
 		cfg.Short = !full
-		tracked := trackDatabases(&cfg)
+		tracked, inUse := trackDatabases(&cfg)
 		var rep checkJSON
 		rep.Dialect = cfg.Dialect.Name()
 		rep.Cases = []caseJSON{}
@@ -107,7 +107,7 @@ func setupCheck(fs *flag.FlagSet, out *output) func(context.Context, []string) e
 		var errs []error
 		if len(running) > 0 {
 			// The hung cases still hold their databases; leave them.
-			errs = append(errs, &exitError{code: exitFailed, err: fmt.Errorf("timed out after %s; still running: %s", timeout, strings.Join(running, ", "))})
+			errs = append(errs, &exitError{code: exitFailed, err: timedOut(timeout, running, inUse())})
 		} else if leftover := finish(tracked()); leftover != nil {
 			errs = append(errs, leftover)
 		}
@@ -354,8 +354,8 @@ func schemaExists(ctx context.Context, db *sql.DB, t target, schema string) erro
 		return usageErr("--schema %q: cannot tell whether the %s database %s has it: %s", schema, t.dialect.Name(), t.where(), scrubSecrets(err.Error(), t.dsn))
 	}
 	if n == 0 {
-		return usageErr("invalid --schema %q: no such schema (MySQL, MariaDB: database) in the %s database %s, or none the role may use; create it first or grant the role its use (check creates none), or name an existing one",
-			schema, t.dialect.Name(), t.where())
+		return usageErr("invalid --schema %q: no such %s in the %s database %s, or none the role may use; create it first or grant the role its use (check creates none), or name an existing one",
+			schema, schemaWord(t.dialect.Name()), t.dialect.Name(), t.where())
 	}
 	return nil
 }
@@ -380,28 +380,79 @@ func verifyPrefixesDropped(t target, schema string, dbs []conformance.Database) 
 }
 
 // trackDatabases wraps cfg.NewDatabase to remember every database handed to
-// a case; the returned function lists them.
-func trackDatabases(cfg *conformance.Config) func() []conformance.Database {
+// a case. all lists them; inUse lists those whose Cleanup has not run yet
+// (a hung case's, at --timeout).
+func trackDatabases(cfg *conformance.Config) (all, inUse func() []conformance.Database) {
 	var mu sync.Mutex
 	var dbs []conformance.Database
+	cleaned := map[int]bool{}
 	inner := cfg.NewDatabase
 	cfg.NewDatabase = func(ctx context.Context, name string) (conformance.Database, error) {
 		d, err := inner(ctx, name)
-		if err == nil {
-			mu.Lock()
-			dbs = append(dbs, d)
-			mu.Unlock()
-			if newDatabaseHook != nil {
-				newDatabaseHook(d)
-			}
+		if err != nil {
+			return d, err
 		}
-		return d, err
+		mu.Lock()
+		i := len(dbs)
+		dbs = append(dbs, d)
+		mu.Unlock()
+		cleanup := d.Cleanup
+		d.Cleanup = func() {
+			if cleanup != nil {
+				cleanup()
+			}
+			mu.Lock()
+			cleaned[i] = true
+			mu.Unlock()
+		}
+		if newDatabaseHook != nil {
+			newDatabaseHook(d)
+		}
+		return d, nil
 	}
-	return func() []conformance.Database {
+	list := func(keep func(i int) bool) []conformance.Database {
 		mu.Lock()
 		defer mu.Unlock()
-		return append([]conformance.Database(nil), dbs...)
+		var out []conformance.Database
+		for i, d := range dbs {
+			if keep(i) {
+				out = append(out, d)
+			}
+		}
+		return out
 	}
+	all = func() []conformance.Database { return list(func(int) bool { return true }) }
+	inUse = func() []conformance.Database { return list(func(i int) bool { return !cleaned[i] }) }
+	return all, inUse
+}
+
+// timedOut is check's error when --timeout passed with cases running: it
+// names them, and where the databases they still hold are.
+func timedOut(timeout time.Duration, running []string, inUse []conformance.Database) error {
+	err := fmt.Errorf("timed out after %s; still running: %s", timeout, strings.Join(running, ", "))
+	if len(inUse) > 0 {
+		err = fmt.Errorf("%w; their lock tables are left behind, drop them by hand once they stop: %s", err, describeNamespaces(inUse))
+	}
+	return err
+}
+
+// describeNamespaces names where dbs keep their lock tables, for a message
+// that asks the user to drop them.
+func describeNamespaces(dbs []conformance.Database) string {
+	var out []string
+	for _, d := range dbs {
+		switch ns := d.Namespace; {
+		case ns.Schema != "" && ns.Prefix != "":
+			out = append(out, fmt.Sprintf("schema %q, prefix %q", ns.Schema, ns.Prefix))
+		case ns.Schema != "":
+			out = append(out, fmt.Sprintf("schema %q", ns.Schema))
+		case ns.Prefix != "":
+			out = append(out, fmt.Sprintf("prefix %q", ns.Prefix))
+		default: // a database of its own (SQLite: a file)
+			out = append(out, fmt.Sprintf("database %q", scrubSecrets(d.DSN, d.DSN)))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // verifySchemasDropped checks that no schema a case used is left in the
@@ -651,3 +702,12 @@ func (t *caseT) Failed() bool {
 
 // Context is cancelled when the case ends, before its cleanups run.
 func (t *caseT) Context() context.Context { return t.ctx }
+
+// schemaWord is what the dialect calls the namespace --schema names:
+// MySQL and MariaDB call it a database.
+func schemaWord(dialectName string) string {
+	if dialectName == "mysql" {
+		return "schema (MySQL, MariaDB: database)"
+	}
+	return "schema"
+}

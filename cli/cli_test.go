@@ -1839,3 +1839,28 @@ func TestStatusShowsFIFOTickets(t *testing.T) {
 		t.Errorf("help status: want the queued mode documented, got %v", h)
 	}
 }
+
+// TestTimeoutNamesHungCasesDatabases: at --timeout, check names the cases
+// still running and the databases they hold (left behind for the user to
+// drop), and not those of the cases that ended.
+func TestTimeoutNamesHungCasesDatabases(t *testing.T) {
+	cfg := conftest.SQLite(t.TempDir())
+	_, inUse := trackDatabases(&cfg)
+	release := make(chan struct{})
+	hungDSN := make(chan string, 1)
+	cases := []conformance.Case{
+		{Name: "X1_Ends", Rule: "X1", Run: func(e *conformance.Env) {}},
+		{Name: "X2_Hangs", Rule: "X2", Run: func(e *conformance.Env) {
+			hungDSN <- e.DSN
+			<-release
+		}},
+	}
+	_, rep, running := runCasesText(t, cfg, cases, time.Second)
+	defer close(release)
+	err := timedOut(time.Second, running, inUse())
+	dsn := <-hungDSN
+	want := `timed out after 1s; still running: X2_Hangs; their lock tables are left behind, drop them by hand once they stop: database "` + dsn + `"`
+	if rep.Summary.Passed != 1 || err == nil || err.Error() != want {
+		t.Errorf("want 1 passed and\n%s\ngot %+v and\n%v", want, rep.Summary, err)
+	}
+}
