@@ -35,10 +35,11 @@ var ErrNoLease = errors.New("gocronlock: the job runs without a lease")
 type Option func(*config)
 
 type config struct {
-	logger  *slog.Logger
-	prefix  string
-	acquire []lock.AcquireOption
-	bad     error // the first option refused
+	logger    *slog.Logger
+	prefix    string
+	prefixSet bool
+	acquire   []lock.AcquireOption
+	bad       error // the first option refused
 }
 
 // WithLogger sets where runs skipped because the key is held (DEBUG),
@@ -55,8 +56,13 @@ func WithLogger(logger *slog.Logger) Option {
 }
 
 // WithKeyPrefix puts prefix before every job name to make the lock key
-// (default "": the key is the job's name). Locker only.
-func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
+// (default "": the key is the job's name). Locker only: NewElector refuses
+// it (put the prefix in its key). A prefix that no key may start with
+// (over 511 bytes, invalid UTF-8, NUL) is refused by NewLocker
+// (lock.ErrInvalidInput, SPEC I1).
+func WithKeyPrefix(prefix string) Option {
+	return func(c *config) { c.prefix, c.prefixSet = prefix, true }
+}
 
 // WithAcquireOptions passes options to every acquire of a Locker, for
 // example lock.HoldAtLeast(d), which keeps the key taken for at least d
@@ -80,7 +86,26 @@ func newConfig(opts []Option) (config, error) {
 	if c.bad != nil {
 		return c, c.bad
 	}
+	for i, o := range c.acquire {
+		if o == nil {
+			return c, fmt.Errorf("gocronlock: WithAcquireOptions: option %d of %d is nil; leave it out instead: %w", i+1, len(c.acquire), lock.ErrInvalidInput)
+		}
+	}
+	if c.prefix != "" {
+		// Job names are at least a byte long: the shortest key is prefix+"x".
+		if err := lock.CheckKey(c.prefix + "x"); err != nil {
+			return c, fmt.Errorf("gocronlock: WithKeyPrefix(%q): no job's key could start with it: %w", clipPrefix(c.prefix), err)
+		}
+	}
 	return c, nil
+}
+
+// clipPrefix shortens a long prefix for a message.
+func clipPrefix(p string) string {
+	if len(p) > 40 {
+		return p[:40] + "..."
+	}
+	return p
 }
 
 // Locker is a gocron.Locker: give it to gocron.WithDistributedLocker (every
@@ -98,7 +123,8 @@ var _ gocron.Locker = (*Locker)(nil)
 
 // NewLocker returns a gocron.Locker that takes an exclusive lease per job
 // run on l. Errors: an error matching lock.ErrInvalidInput for a nil l,
-// a nil option or WithLogger(nil) (SPEC I1).
+// a nil option (also among WithAcquireOptions), WithLogger(nil) or a
+// WithKeyPrefix no key may start with (SPEC I1).
 func NewLocker(l *lock.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("gocronlock: NewLocker: nil *lock.Locker: %w", lock.ErrInvalidInput)

@@ -114,5 +114,38 @@ func TestBadInput(t *testing.T) {
 		if !errors.Is(err, lock.ErrInvalidInput) || !strings.Contains(err.Error(), "logger nil") {
 			t.Errorf("NewElector(l, k, WithLogger(nil)) = %v, want ErrInvalidInput naming the nil logger", err)
 		}
+		// Refused when built, not at each run.
+		for _, tc := range []struct {
+			what string
+			opts []gocronlock.Option
+			want string
+		}{
+			{"a nil acquire option", []gocronlock.Option{gocronlock.WithAcquireOptions(lock.HoldAtLeast(time.Second), nil)}, "WithAcquireOptions: option 2 of 2 is nil"},
+			{"a prefix with NUL", []gocronlock.Option{gocronlock.WithKeyPrefix("jobs\x00/")}, `WithKeyPrefix("jobs\x00/")`},
+			{"a prefix as long as a key", []gocronlock.Option{gocronlock.WithKeyPrefix(strings.Repeat("p", lock.MaxKeyLength))}, "no job's key could start with it"},
+		} {
+			if _, err := gocronlock.NewLocker(l, tc.opts...); !errors.Is(err, lock.ErrInvalidInput) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("NewLocker with %s = %v, want ErrInvalidInput with %q", tc.what, err, tc.want)
+			}
+		}
+		_, err = gocronlock.NewElector(l, "k", gocronlock.WithKeyPrefix("jobs/"))
+		if !errors.Is(err, lock.ErrInvalidInput) || !strings.Contains(err.Error(), `put it in the key instead ("jobs/k")`) {
+			t.Errorf("NewElector with WithKeyPrefix = %v, want ErrInvalidInput suggesting the key jobs/k", err)
+		}
+		// A good prefix still works after the refusals.
+		gl, err := gocronlock.NewLocker(l, gocronlock.WithKeyPrefix("jobs/"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		jl, err := gl.Lock(t.Context(), "nightly")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hs, _, err := l.Holders(t.Context(), "jobs/"); err != nil || len(hs) != 1 || hs[0].Key != "jobs/nightly" {
+			t.Errorf("holders under jobs/: %+v, %v; want the lease on jobs/nightly", hs, err)
+		}
+		if err := jl.Unlock(t.Context()); err != nil {
+			t.Error(err)
+		}
 	})
 }
