@@ -10,7 +10,10 @@
 // counter, which persists across restarts and belongs to no row, and the
 // database clock in microseconds, so tokens never go back after a failover
 // to a replica that lost grants or a restore of an old dump (SPEC S3, S5,
-// S7; migration 00002). The failover pause (lock.WithFailoverPause, SPEC
+// S7; migration 00002; keys may share a token since migration 00008, which
+// dropped the table-wide token lock). A grant of a key without rows runs
+// about half the statements of one that must look for expired holders and
+// markers (migration 00008). The failover pause (lock.WithFailoverPause, SPEC
 // S7; migration 00003) keeps the server the namespace last saw in a
 // one-row table, named by @@server_id with @@server_uuid (MySQL 8) or
 // @@hostname:@@port (MariaDB): the acquire procedure grants nothing on
@@ -197,9 +200,9 @@ const nowUS = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6
 // no check of its own: enabling it enables read_only (MariaDB has only
 // read_only). read_only is 0 with a reason on a Galera cluster node
 // (wsrep_on = ON): the acquire procedure serializes the grants of a key
-// with a named lock, GET_LOCK (and draws tokens under another, SPEC S3,
-// S7), and Galera does not replicate named locks to the other nodes, so two
-// nodes could grant one key at once. Otherwise 0 and an empty reason.
+// with a named lock, GET_LOCK (SPEC S1, S3), and Galera does not
+// replicate named locks to the other nodes, so two nodes could grant one
+// key at once. Otherwise 0 and an empty reason.
 //
 // @@wsrep_on always exists on MariaDB but not on MySQL (unless built with
 // Galera), where reading an unknown variable fails. So the test is written
