@@ -550,7 +550,10 @@ func stressCaseFIFO(e *Env, sharedPercent, crashPercent, fifoPercent int) {
 		modes[g.Mode]++
 	}
 	e.T.Logf("%d grants: %v by mode, %v by worker", len(grants), modes, perWorker)
-	if minGrants := 20; len(grants) < minGrants {
+	// Unloaded, a run makes hundreds of grants. The bound only catches a
+	// run that never contended: at load 15 and more, children under -race
+	// spend most of a short run starting, and 16-19 grants were seen.
+	if minGrants := 10; len(grants) < minGrants {
 		e.T.Errorf("only %d grants in %s (want >= %d); the stress did not stress", len(grants), dur, minGrants)
 	}
 	for _, w := range []string{"inproc", "proc0", "proc1"} {
