@@ -34,9 +34,9 @@ const saturated = 0.9
 
 // batchStarted counts a batch of n leases in flight.
 func (l *Locker) batchStarted(n int) {
-	now := time.Now()
 	l.ren.mu.Lock()
 	defer l.ren.mu.Unlock()
+	now := time.Now() // under the lock: times in the load only go forward
 	ld := &l.ren.load
 	if ld.window.IsZero() {
 		ld.window = now
@@ -51,8 +51,8 @@ func (l *Locker) batchStarted(n int) {
 // batchEnded counts the end of a batch of n leases and, once a window has
 // passed, checks it and starts the next (conns: batches at once).
 func (l *Locker) batchEnded(n, conns int) {
-	now := time.Now()
 	l.ren.mu.Lock()
+	now := time.Now()
 	ld := &l.ren.load
 	ld.active--
 	ld.inflight -= n
