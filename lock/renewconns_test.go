@@ -241,8 +241,21 @@ func TestRenewerWarnsWhenItFallsBehind(t *testing.T) {
 // the renewal's busy wait (SPEC H9) with a PRAGMA busy_timeout pair, once
 // per renewer run on the connection it keeps for the run, not around each
 // batch.
+//
+// On a pool of one connection it keeps none between batches: an
+// application query waiting for that connection would wait for the whole
+// round. It then sends a pair per batch, as every writer there does.
 func TestRenewerSetsBusyTimeoutOncePerRun(t *testing.T) {
+	t.Run("pool", func(t *testing.T) { busyTimeoutPairs(t, 0) })
+	t.Run("pool of one", func(t *testing.T) { busyTimeoutPairs(t, 1) })
+}
+
+// busyTimeoutPairs checks the busy-timeout statements of 40 leases renewed
+// in batches of 10 through a pool of at most maxOpen connections (0: no
+// limit).
+func busyTimeoutPairs(t *testing.T, maxOpen int) {
 	db, inj := faultySQLite(t)
+	db.SetMaxOpenConns(maxOpen)
 	l, err := New(t.Context(), db, sqlitedialect.New(), WithTTL(3*time.Second), WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
@@ -257,8 +270,11 @@ func TestRenewerSetsBusyTimeoutOncePerRun(t *testing.T) {
 		t.Fatalf("%d renewal batches in 3 s of 40 leases in batches of 10 at a 1 s interval; want at least 8", batches)
 	}
 	// Two per run; a run renews 2 to 4 batches here.
-	if pragmas > batches {
+	if maxOpen != 1 && pragmas > batches {
 		t.Errorf("%d PRAGMA busy_timeout statements for %d renewal batches; want a pair per run, not per batch", pragmas, batches)
+	}
+	if maxOpen == 1 && pragmas < 2*batches {
+		t.Errorf("%d PRAGMA busy_timeout statements for %d renewal batches on a pool of one; want a pair per batch (the connection is not kept)", pragmas, batches)
 	}
 	if pragmas == 0 {
 		t.Errorf("no PRAGMA busy_timeout for %d renewal batches: the renewal's busy wait was left at the pool's 5 s (SPEC H9)", batches)

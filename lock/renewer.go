@@ -436,9 +436,9 @@ func (l *Locker) renewTimeoutFor(leases []*Lease) time.Duration {
 // errors are *notSentError.
 //
 // With held (see renewer) it keeps the connection across batches: it
-// reuses held's when it enters the gate without waiting and held's lock
-// wait ends in time for this batch; otherwise it returns held's to the
-// pool first, so it never waits for the gate while holding a connection
+// reuses held's when it enters the gate without waiting, held's lock wait
+// ends in time for this batch and the pool has room (poolHasRoom);
+// otherwise it returns held's to the pool first, so it never waits for the gate while holding a connection
 // (the writer in the gate may be waiting for one). The returned func then
 // leaves only the gate.
 func (l *Locker) renewConn(leases []*Lease, held *boundConn) (*sql.Conn, func(), error) {
@@ -459,7 +459,7 @@ func (l *Locker) renewConn(leases []*Lease, held *boundConn) (*sql.Conn, func(),
 	lw := lockWait{bound: rt, until: time.Now().Add(rt + lockWaitSlack)}
 	if held != nil && held.conn != nil {
 		if leave, ok := l.tryEnter(); ok {
-			if held.wait <= time.Until(lw.until) {
+			if held.wait <= time.Until(lw.until) && poolHasRoom(l.renewDB) {
 				return held.conn, leave, nil
 			}
 			leave()
@@ -482,6 +482,15 @@ func (l *Locker) renewConn(leases []*Lease, held *boundConn) (*sql.Conn, func(),
 	}
 	*held = c
 	return c.conn, leave, nil
+}
+
+// poolHasRoom reports whether db could open or hand out another
+// connection now: with every connection in use, another goroutine may be
+// waiting for the one the renewer keeps between batches (an application
+// query on a pool of one, say), so the renewer gives it back.
+func poolHasRoom(db *sql.DB) bool {
+	st := db.Stats()
+	return st.MaxOpenConnections == 0 || st.InUse < st.MaxOpenConnections
 }
 
 // renewal is the outcome of one lease's renewal in a batch.
