@@ -140,8 +140,8 @@ func (l *Locker) unschedule(le *Lease) <-chan struct{} {
 // their windows end, SPEC H2), never another batch's. Where it serializes
 // writers (SQLite) the batches go one after the other through one
 // connection kept for the run while no other writer waits for the write
-// gate, so a busy timeout shortened for renewals is set and restored once
-// per run, not once per batch (SPEC H9).
+// gate and the pool has room (renewConn), so a busy timeout shortened for
+// renewals is set and restored once per run, not once per batch (SPEC H9).
 func (l *Locker) renewer() {
 	l.ren.mu.Lock()
 	if l.ren.busy || l.ren.stopped {
