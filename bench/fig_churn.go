@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sqlease/sqlease/internal/pgcluster"
@@ -67,6 +68,7 @@ type churnPoint struct {
 	otherTotal float64 // bytes: markers, watches, tickets (PostgreSQL)
 	vacuums    float64 // autovacuum runs on holders so far (PostgreSQL)
 	dead       float64 // holders' dead tuples (PostgreSQL statistics)
+	checkpoint string  // SQLite: PRAGMA wal_checkpoint after the segment: busy/log/checkpointed frames
 }
 
 // churn runs the grants on e and reports.
@@ -138,8 +140,17 @@ func churnSizes(ctx context.Context, e *env) (churnPoint, error) {
 	}
 	p.heap = pages * size // SQLite: the database file's pages
 	if st, err := os.Stat(e.dir + "/bench.db-wal"); err == nil {
-		p.idx = float64(st.Size()) // SQLite: the WAL file
+		p.idx = float64(st.Size()) // SQLite: the WAL file, before the checkpoint below
 	}
+	// A passive checkpoint, as SQLite's automatic one: busy is 1 when a
+	// reader or writer kept it from finishing; log is the WAL's frames and
+	// checkpointed those copied to the database (all of them, and no
+	// reader left on the WAL, lets the next writer restart it).
+	var busy, log, done int
+	if err := e.db.QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &log, &done); err != nil {
+		return p, err
+	}
+	p.checkpoint = fmt.Sprintf("%d/%d/%d", busy, log, done)
 	p.total = p.heap + p.idx
 	return p, nil
 }
@@ -155,6 +166,13 @@ func churnFigures(e *env, where string, pts []churnPoint) []Figure {
 	}
 	note := fmt.Sprintf("%d grants by %d clients over %d keys, on %s; load %.1f at the first segment, %.1f at the last; segment ops/s %v",
 		last.grants, churnClients, churnClients*churnKeys, where, first.load, last.load, roundInts(segs))
+	if !e.isPG() {
+		var cks []string
+		for _, p := range pts[1:] {
+			cks = append(cks, fmt.Sprintf("%s (WAL %.0f KiB)", p.checkpoint, p.idx/1024))
+		}
+		note += "; PRAGMA wal_checkpoint after each segment, busy/log/checkpointed frames: " + strings.Join(cks, ", ")
+	}
 	var out []Figure
 	add := func(f Figure) {
 		f.Note = note

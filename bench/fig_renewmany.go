@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -48,4 +51,40 @@ func startCPUProfile(path string) (func(), error) {
 		pprof.StopCPUProfile()
 		_ = f.Close()
 	}, nil
+}
+
+// warnLog collects the warnings a Locker logs that its renewals cannot
+// keep up with the leases it holds.
+type warnLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+// logger returns a logger that keeps those warnings and drops the rest.
+func (w *warnLog) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+func (w *warnLog) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte("cannot keep up")) {
+		w.mu.Lock()
+		w.lines = append(w.lines, strings.TrimSpace(string(p)))
+		w.mu.Unlock()
+	}
+	return len(p), nil
+}
+
+func (w *warnLog) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.lines)
+}
+
+func (w *warnLog) first() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.lines) == 0 {
+		return "none"
+	}
+	return w.lines[0]
 }

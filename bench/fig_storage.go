@@ -433,7 +433,8 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 			lmu.Unlock()
 		}
 	})
-	l, err := e.newLocker(ctx, acquireDB, append(opts, lock.WithObserver(obs))...)
+	var warns warnLog
+	l, err := e.newLocker(ctx, acquireDB, append(opts, lock.WithObserver(obs), lock.WithLogger(warns.logger()))...)
 	if err != nil {
 		return nil, err
 	}
@@ -520,11 +521,13 @@ func figBatchRenewal(ctx context.Context, e *env) ([]Figure, error) {
 		figure("batchrenew.lost", e.dialect, float64(lost.Load()), "leases", nil, exactly(0, "leases")),
 		figure("batchrenew.heap_per_lease", e.dialect, perLease, "bytes/lease", nil, below(2048, "bytes/lease")),
 		figure("batchrenew.cpu_per_interval", e.dialect, ms(cpu)/intervals, "ms", nil, info),
+		figure("batchrenew.falling_behind_warnings", e.dialect, float64(warns.count()), "warnings", nil, info),
 	}
 	for i := range out {
 		out[i].Note = note
 	}
 	out[5].Note = lostNote
+	out[8].Note = "the Locker's warnings that its renewals cannot keep up (at most one a minute), first: " + warns.first()
 	out[7].Note = "CPU time (user + system) of the bench process per renewal interval, while only renewals run (getrusage; the database server's CPU is not in it); " + note
 	return out, nil
 }

@@ -23,19 +23,44 @@ import (
 // is keyed by the Locker's main pool, whichever pool the write goes
 // through, so writes through WithRenewDB's pool queue on the same gate.
 func (l *Locker) enter(ctx context.Context) (func(), error) {
-	if l.caps.Has(dialect.CapConcurrentWriters) {
+	gate := l.gate()
+	if gate == nil {
 		return func() {}, nil
 	}
-	g, ok := process.gates.Load(l.db)
-	if !ok {
-		// (LoadOrStore alone would make a channel on every write.)
-		g, _ = process.gates.LoadOrStore(l.db, make(chan struct{}, 1))
-	}
-	gate := g.(chan struct{})
 	select {
 	case gate <- struct{}{}:
 		return func() { <-gate }, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// tryEnter enters the write gate when no one holds it, without waiting:
+// a writer that left the gate and finds another already in it (a waiting
+// writer takes the gate the moment it is left) knows it is contended.
+func (l *Locker) tryEnter() (func(), bool) {
+	gate := l.gate()
+	if gate == nil {
+		return func() {}, true
+	}
+	select {
+	case gate <- struct{}{}:
+		return func() { <-gate }, true
+	default:
+		return nil, false
+	}
+}
+
+// gate returns the write gate of the Locker's database, or nil on a
+// dialect with concurrent writers.
+func (l *Locker) gate() chan struct{} {
+	if l.caps.Has(dialect.CapConcurrentWriters) {
+		return nil
+	}
+	g, ok := process.gates.Load(l.db)
+	if !ok {
+		// (LoadOrStore alone would make a channel on every write.)
+		g, _ = process.gates.LoadOrStore(l.db, make(chan struct{}, 1))
+	}
+	return g.(chan struct{})
 }

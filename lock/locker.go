@@ -209,7 +209,7 @@ func New(ctx context.Context, db *sql.DB, d dialect.Dialect, opts ...Option) (_ 
 	if err := cfg.finish(d); err != nil {
 		return nil, err
 	}
-	l := &Locker{db: db, renewDB: db, d: d, caps: dialect.CapabilitiesOf(d), cfg: cfg, channel: cfg.ns.Channel(), active: map[string]*heldKey{}, leases: map[*Lease]struct{}{}, ren: renewerState{limit: renewBatchSize}}
+	l := &Locker{db: db, renewDB: db, d: d, caps: dialect.CapabilitiesOf(d), cfg: cfg, channel: cfg.ns.Channel(), active: map[string]*heldKey{}, leases: map[*Lease]struct{}{}, ren: renewerState{limit: renewBatchSize, wake: make(chan struct{}, 1)}}
 	l.boxed = boxed{owner: cfg.owner, ttlUS: cfg.ttl.Microseconds(), channel: l.channel}
 	l.closing, l.closeNow = context.WithCancelCause(context.Background())
 	if cfg.renewDB != nil {

@@ -120,8 +120,8 @@ func WithSchema(schema string) Option { return func(c *config) { c.ns.Schema = s
 // works on every dialect and must match the prefix given to migrate.Up.
 func WithTablePrefix(prefix string) Option { return func(c *config) { c.ns.Prefix = prefix } }
 
-// WithLogger sets the logger for renewal retries (DEBUG), losses and failed
-// releases (WARN). Default: slog.Default(); nil is rejected (use
+// WithLogger sets the logger for renewal retries (DEBUG), losses, failed
+// releases and renewals that cannot keep up with the leases held (WARN). Default: slog.Default(); nil is rejected (use
 // slog.New(slog.DiscardHandler) to log nothing).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
@@ -134,7 +134,9 @@ func WithLogger(l *slog.Logger) Option {
 
 // WithRenewDB renews leases through a separate pool, so an application that
 // exhausts its own pool cannot starve renewals (SPEC H7). It must reach the
-// same database. Default: the Locker's own pool; nil is rejected.
+// same database. Default: the Locker's own pool; nil is rejected. Where the
+// database takes concurrent writers, a renewal round sends up to 4 batches
+// at once, on at most half of this pool's SetMaxOpenConns connections.
 func WithRenewDB(db *sql.DB) Option {
 	return func(c *config) {
 		if db == nil {

@@ -9,17 +9,21 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sqlease/sqlease/dialect"
 )
 
 // The renewer runs on one timer per Locker, armed for the earliest lease
 // due. It renews every lease due (TTL/3 after its last successful acquire
 // or renew) in batches: one RenewBatch statement per batch of up to
 // renewBatchSize leases, so a Locker holding 10,000 leases sends a handful
-// of statements per renewal interval (4 or 5, plus SQLite's two busy-timeout
-// statements around each when the DSN's busy timeout outlasts the renew
-// timeout). A lease whose renewal failed is retried with backoff until its
-// trusted window ends (SPEC H2); a lease the database no longer has is lost
-// at once.
+// of statements per renewal interval (4 or 5, plus, on SQLite, two
+// busy-timeout statements per renewer run when the DSN's busy timeout
+// outlasts the renew timeout). Batches go out on up to renewConns
+// connections at once. A lease whose renewal failed is retried with
+// backoff until its trusted window ends (SPEC H2); a lease the database no
+// longer has is lost at once. A renewer that cannot keep up with the
+// leases held says so in the log (renewload.go).
 //
 // Scheduling a lease starts no goroutine and wakes none: it re-arms the
 // timer only when the lease is due before the time the timer is armed for.
@@ -40,6 +44,8 @@ type renewerState struct {
 	done    chan struct{} // closed when the current (or last) run ends
 	limit   int           // leases per renewal batch now (see adaptBatch)
 	shrunk  time.Time     // when limit last shrank
+	load    renewLoad     // the renewer's load (renewload.go)
+	wake    chan struct{} // wakes a run waiting for batches in flight (cap 1)
 }
 
 type leaseHeap []*Lease
@@ -89,6 +95,9 @@ func (l *Locker) queueLocked(le *Lease, at time.Time) {
 // for (l.ren.mu held). A running renewer re-arms the timer itself when it
 // finds nothing more due; after Close nothing is armed.
 func (l *Locker) armLocked() {
+	if l.ren.busy {
+		l.wakeRenewer()
+	}
 	if l.ren.busy || l.ren.stopped || len(l.ren.heap) == 0 {
 		return
 	}
@@ -124,6 +133,15 @@ func (l *Locker) unschedule(le *Lease) <-chan struct{} {
 // until none is due, then re-arms the timer for the earliest lease left.
 // One runs at a time: a run that finds another running leaves (the
 // running one re-reads the heap before it ends).
+//
+// Where the database takes concurrent writers, up to renewConns batches
+// go out at once, each on its own connection, each with its own outcome:
+// a batch that fails or times out costs only its own leases (retried until
+// their windows end, SPEC H2), never another batch's. Where it serializes
+// writers (SQLite) the batches go one after the other through one
+// connection kept for the run while no other writer waits for the write
+// gate and the pool has room (renewConn), so a busy timeout shortened for
+// renewals is set and restored once per run, not once per batch (SPEC H9).
 func (l *Locker) renewer() {
 	l.ren.mu.Lock()
 	if l.ren.busy || l.ren.stopped {
@@ -135,38 +153,126 @@ func (l *Locker) renewer() {
 	l.ren.done = done
 	l.ren.mu.Unlock()
 	defer close(done)
+	conns := l.renewConns()
+	var held boundConn // conns == 1: the connection kept for the run
+	defer held.finish()
+	slots := make(chan struct{}, conns) // one per batch in flight
+	var horizon time.Time               // the current round takes leases due by then
 	for {
-		// Once the earliest lease is due, take every lease due now, or
-		// within TTL/12, so that leases acquired over a few seconds share
-		// a batch: a lease is renewed at most TTL/12 early (after TTL/4
-		// instead of TTL/3), and a Locker holding 10,000 leases sends 4
-		// batches per interval instead of 11 (bench:
-		// batchrenew.batches_per_interval). Until the earliest is due
-		// nothing is sent: a lease whose renewal failed waits out its
-		// backoff (renewBatch requeues it at now + retryWait).
-		slack := l.cfg.ttl / 12
-		now := time.Now()
-		var due []*Lease
-		l.ren.mu.Lock()
-		limit := l.ren.limit
-		if len(l.ren.heap) > 0 && l.ren.heap[0].nextAt.After(now) {
-			limit = 0
-		}
-		for len(l.ren.heap) > 0 && !l.ren.heap[0].nextAt.After(now.Add(slack)) && len(due) < limit {
-			le := heap.Pop(&l.ren.heap).(*Lease)
-			if le.renewing {
-				due = append(due, le)
+		due := l.takeDue(&horizon)
+		switch {
+		case len(due) == 0 && len(slots) > 0:
+			l.awaitRenewals()
+			continue
+		case len(due) == 0:
+			l.ren.mu.Lock()
+			if l.nothingDueLocked(time.Now()) {
+				l.ren.busy = false
+				l.armLocked()
+				l.ren.mu.Unlock()
+				return
 			}
-		}
-		if len(due) == 0 {
-			l.ren.busy = false
-			l.armLocked()
 			l.ren.mu.Unlock()
-			return
+			continue
+		case conns == 1:
+			l.renewBatch(due, conns, &held)
+			continue
 		}
-		l.ren.mu.Unlock()
-		l.renewBatch(due)
+		slots <- struct{}{}
+		go func() {
+			l.renewBatch(due, conns, nil)
+			<-slots
+			l.wakeRenewer()
+		}()
 	}
+}
+
+// awaitRenewals waits, while batches are in flight and no lease is due,
+// until a batch ends, a lease is scheduled or the earliest lease is due.
+// Batches in flight requeue their leases, some for a retry soon; waiting
+// for all of them would hold up leases due meanwhile behind a slow batch.
+func (l *Locker) awaitRenewals() {
+	wait := time.Hour
+	l.ren.mu.Lock()
+	if len(l.ren.heap) > 0 {
+		wait = time.Until(l.ren.heap[0].nextAt)
+	}
+	l.ren.mu.Unlock()
+	t := time.NewTimer(max(wait, 0))
+	defer t.Stop()
+	select {
+	case <-l.ren.wake:
+	case <-t.C:
+	}
+}
+
+// wakeRenewer wakes a renewer run waiting in awaitRenewals.
+func (l *Locker) wakeRenewer() {
+	select {
+	case l.ren.wake <- struct{}{}:
+	default:
+	}
+}
+
+// takeDue takes the next batch of leases due from the heap. A round
+// starts when the earliest lease is due: it takes every lease due now or
+// within TTL/12 (*horizon), in as many batches of up to the batch limit as
+// that needs, so that leases acquired over a few seconds share a round: a
+// lease is renewed at most TTL/12 early (after TTL/4 instead of TTL/3), and
+// a Locker holding 10,000 leases sends 4 batches per interval instead of
+// 11 (bench: batchrenew.batches_per_interval). Until the earliest is due
+// nothing is taken, and a lease whose renewal failed waits out its backoff
+// (renewBatch requeues it at now + retryWait) whatever the round.
+func (l *Locker) takeDue(horizon *time.Time) []*Lease {
+	now := time.Now()
+	l.ren.mu.Lock()
+	defer l.ren.mu.Unlock()
+	if len(l.ren.heap) == 0 {
+		return nil
+	}
+	if l.ren.heap[0].nextAt.After(*horizon) {
+		if l.ren.heap[0].nextAt.After(now) {
+			return nil
+		}
+		*horizon = now.Add(l.cfg.ttl / 12) // a new round
+	}
+	var due []*Lease
+	for len(l.ren.heap) > 0 && len(due) < l.ren.limit {
+		next := l.ren.heap[0]
+		if next.nextAt.After(*horizon) || (next.retryWait > 0 && next.nextAt.After(now)) {
+			break
+		}
+		heap.Pop(&l.ren.heap)
+		if next.renewing {
+			due = append(due, next)
+		}
+	}
+	return due
+}
+
+// nothingDueLocked reports whether no lease is due at now (l.ren.mu held).
+func (l *Locker) nothingDueLocked(now time.Time) bool {
+	return len(l.ren.heap) == 0 || l.ren.heap[0].nextAt.After(now)
+}
+
+// maxRenewConns bounds the renewal batches one Locker sends at once
+// (renewConns).
+const maxRenewConns = 4
+
+// renewConns is how many renewal batches one renewer run sends at once: 1
+// where the database serializes writers (the write gate would queue them
+// anyway), else maxRenewConns, and at most half the renew pool's limit on
+// open connections (sql.DB.SetMaxOpenConns), so that renewals leave the
+// other half to the application and to acquires.
+func (l *Locker) renewConns() int {
+	if !l.caps.Has(dialect.CapConcurrentWriters) {
+		return 1
+	}
+	n := maxRenewConns
+	if m := l.renewDB.Stats().MaxOpenConnections; m > 0 {
+		n = min(n, max(m/2, 1))
+	}
+	return n
 }
 
 // stopRenewer disarms the timer and waits, until ctx ends, for a renewer
@@ -192,9 +298,13 @@ func (l *Locker) stopRenewer(ctx context.Context) {
 // it drops the leases whose renewal was stopped meanwhile (released, lost,
 // orphaned) and marks the rest in flight until the statement returns, so
 // Release can wait for them: no renewal of a lease reaches the database
-// after its Release returned (SPEC H8).
-func (l *Locker) renewBatch(due []*Lease) {
-	conn, leave, err := l.renewConn(due)
+// after its Release returned (SPEC H8). conns is how many batches the run
+// sends at once; held, when not nil, is the connection kept across the
+// run's batches (see renewer).
+func (l *Locker) renewBatch(due []*Lease, conns int, held *boundConn) {
+	n := len(due)
+	l.batchStarted(n)
+	conn, leave, err := l.renewConn(due, held)
 	send := time.Now()
 	var renewed map[string]renewal
 	if err == nil {
@@ -213,6 +323,9 @@ func (l *Locker) renewBatch(due []*Lease) {
 		if len(due) > 0 {
 			renewed, err = l.renewOn(conn, due, send)
 		}
+		if err != nil && held != nil {
+			held.finish() // not kept after a failure
+		}
 		leave()
 		l.ren.mu.Lock()
 		for _, le := range due {
@@ -222,6 +335,13 @@ func (l *Locker) renewBatch(due []*Lease) {
 		close(done)
 	}
 	l.adaptBatch(len(due), err)
+	l.requeueBatch(due, renewed, send, err)
+	l.batchEnded(n, conns)
+}
+
+// requeueBatch settles each lease of a batch after its renewal: renewed
+// (requeued for the next one), lost, or requeued for a retry.
+func (l *Locker) requeueBatch(due []*Lease, renewed map[string]renewal, send time.Time, err error) {
 	for _, le := range due {
 		r, ok := renewed[le.id]
 		switch {
@@ -314,7 +434,14 @@ func (l *Locker) renewTimeoutFor(leases []*Lease) time.Duration {
 // no longer than the earliest trusted window of leases: the renew timeout
 // then bounds only the statement, not a busy pool or a slow dial. Its
 // errors are *notSentError.
-func (l *Locker) renewConn(leases []*Lease) (*sql.Conn, func(), error) {
+//
+// With held (see renewer) it keeps the connection across batches: it
+// reuses held's when it enters the gate without waiting, held's lock wait
+// ends in time for this batch and the pool has room (poolHasRoom);
+// otherwise it returns held's to the pool first, so it never waits for the gate while holding a connection
+// (the writer in the gate may be waiting for one). The returned func then
+// leaves only the gate.
+func (l *Locker) renewConn(leases []*Lease, held *boundConn) (*sql.Conn, func(), error) {
 	window := time.Duration(0)
 	for i, le := range leases {
 		le.mu.Lock()
@@ -324,14 +451,46 @@ func (l *Locker) renewConn(leases []*Lease) (*sql.Conn, func(), error) {
 			window = d
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), max(window, time.Millisecond))
-	defer cancel()
 	// The renew timeout bounds the statement's lock waits too, also where
 	// the driver's busy handler ignores the context (dialect.LockWaiter):
 	// the renew pool's own bound is left alone only when it ends within
 	// lockWaitSlack of the renew timeout.
 	rt := l.renewTimeoutFor(leases)
-	return l.writeConn(ctx, l.renewDB, lockWait{bound: rt, until: time.Now().Add(rt + lockWaitSlack)})
+	lw := lockWait{bound: rt, until: time.Now().Add(rt + lockWaitSlack)}
+	if held != nil && held.conn != nil {
+		if leave, ok := l.tryEnter(); ok {
+			if held.wait <= time.Until(lw.until) && poolHasRoom(l.renewDB) {
+				return held.conn, leave, nil
+			}
+			leave()
+		}
+		held.finish()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(window, time.Millisecond))
+	defer cancel()
+	if held == nil {
+		return l.writeConn(ctx, l.renewDB, lw)
+	}
+	leave, err := l.enter(ctx)
+	if err != nil {
+		return nil, nil, &notSentError{err}
+	}
+	c, err := l.boundConn(ctx, l.renewDB, lw)
+	if err != nil {
+		leave()
+		return nil, nil, err
+	}
+	*held = c
+	return c.conn, leave, nil
+}
+
+// poolHasRoom reports whether db could open or hand out another
+// connection now: with every connection in use, another goroutine may be
+// waiting for the one the renewer keeps between batches (an application
+// query on a pool of one, say), so the renewer gives it back.
+func poolHasRoom(db *sql.DB) bool {
+	st := db.Stats()
+	return st.MaxOpenConnections == 0 || st.InUse < st.MaxOpenConnections
 }
 
 // renewal is the outcome of one lease's renewal in a batch.

@@ -174,48 +174,81 @@ func (l *Locker) writeConn(ctx context.Context, db *sql.DB, lw lockWait) (*sql.C
 	if err != nil {
 		return nil, nil, &notSentError{err}
 	}
-	conn, err := db.Conn(ctx)
+	c, err := l.boundConn(ctx, db, lw)
 	if err != nil {
 		leave()
-		return nil, nil, &notSentError{err}
-	}
-	var restore func(context.Context) error
-	if w, ok := l.d.(dialect.LockWaiter); ok && lw.bound > 0 {
-		pool, known := l.poolLockWait(ctx, db, conn)
-		switch {
-		case known && !lw.until.IsZero() && pool <= time.Until(lw.until):
-			// The pool's own bound ends in time: leave it.
-		case known:
-			// The pool's bound is known (so the dialect is a
-			// LockWaitReader): set ours, and put it back.
-			r := l.d.(dialect.LockWaitReader)
-			err = r.PutLockWait(ctx, conn, lw.bound)
-			restore = func(ctx context.Context) error { return r.PutLockWait(ctx, conn, pool) }
-		default:
-			restore, err = w.SetLockWait(ctx, conn, lw.bound)
-		}
-		if err != nil {
-			_ = conn.Raw(func(any) error { return errBadConn })
-			_ = conn.Close()
-			leave()
-			return nil, nil, &notSentError{err}
-		}
+		return nil, nil, err
 	}
 	slot := killSlotFrom(ctx)
 	if slot != nil {
-		if err := slot.enter(ctx, conn); err != nil {
-			finish(conn, restore)
+		if err := slot.enter(ctx, c.conn); err != nil {
+			c.finish()
 			leave()
 			return nil, nil, &notSentError{err}
 		}
 	}
-	return conn, func() {
+	return c.conn, func() {
 		if slot != nil {
-			slot.leave(conn)
+			slot.leave(c.conn)
 		}
-		finish(conn, restore)
+		c.finish()
 		leave()
 	}, nil
+}
+
+// boundConn is a connection whose lock waits are bounded for the engine
+// (dialect.LockWaiter); finish restores the bound and returns it to its
+// pool.
+type boundConn struct {
+	conn    *sql.Conn
+	restore func(context.Context) error // nil: nothing to restore
+	wait    time.Duration               // conn's lock-wait bound now; 0: none the engine knows of
+}
+
+// finish restores c's lock wait (discarding it when that fails) and
+// returns it to its pool; on a zero boundConn it does nothing.
+func (c *boundConn) finish() {
+	if c.conn != nil {
+		finish(c.conn, c.restore)
+	}
+	*c = boundConn{}
+}
+
+// boundConn takes a connection of db and, on a dialect.LockWaiter
+// dialect, bounds its lock waits as lw says. Its errors are
+// *notSentError.
+func (l *Locker) boundConn(ctx context.Context, db *sql.DB, lw lockWait) (boundConn, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return boundConn{}, &notSentError{err}
+	}
+	c := boundConn{conn: conn}
+	w, ok := l.d.(dialect.LockWaiter)
+	if !ok || lw.bound <= 0 {
+		return c, nil
+	}
+	pool, known := l.poolLockWait(ctx, db, conn)
+	switch {
+	case known && !lw.until.IsZero() && pool <= time.Until(lw.until):
+		// The pool's own bound ends in time: leave it.
+		c.wait = pool
+	case known:
+		// The pool's bound is known (so the dialect is a
+		// LockWaitReader): set ours, and put it back.
+		r := l.d.(dialect.LockWaitReader)
+		err = r.PutLockWait(ctx, conn, lw.bound)
+		c.restore = func(ctx context.Context) error { return r.PutLockWait(ctx, conn, pool) }
+		c.wait = lw.bound
+	default:
+		c.restore, err = w.SetLockWait(ctx, conn, lw.bound)
+		c.wait = lw.bound
+	}
+	if err != nil {
+		_ = conn.Raw(func(any) error { return errBadConn })
+		_ = conn.Close()
+		return boundConn{}, &notSentError{err}
+	}
+	return c, nil
 }
 
 // finish restores conn's lock wait (discarding it when that fails) and

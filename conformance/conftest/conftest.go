@@ -37,11 +37,13 @@ import (
 	"github.com/sqlease/sqlease/dialect/sqlitedialect"
 )
 
-// SQLiteDSN returns the DSN sqlease uses for a SQLite file: WAL journal and a
+// SQLiteDSN returns the DSN sqlease uses for a SQLite file: WAL journal, a
 // 5 s busy timeout (mattn/go-sqlite3's default, and no longer than the
-// default release timeout, so a release needs no lock-wait statements).
+// default release timeout, so a release needs no lock-wait statements) and,
+// on modernc.org/sqlite (mattn ignores the key), a journal_size_limit of
+// 4 MiB, so the WAL file does not keep its largest size.
 func SQLiteDSN(path string) string {
-	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000"
+	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000&_pragma=journal_size_limit(4194304)"
 }
 
 // SQLite returns a Config that gives every case a new SQLite file in dir,

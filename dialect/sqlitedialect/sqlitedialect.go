@@ -22,7 +22,7 @@
 // queue instead of failing with SQLITE_BUSY. Both drivers accept mattn's
 // query keys (modernc.org/sqlite does in v1.62.0, the version tested):
 //
-//	file:/var/lib/app/locks.db?_journal_mode=WAL&_busy_timeout=5000
+//	file:/var/lib/app/locks.db?_journal_mode=WAL&_busy_timeout=5000&_pragma=journal_size_limit(4194304)
 //
 // modernc.org/sqlite also accepts the long form
 // _pragma=journal_mode(WAL)&_pragma=busy_timeout(5000), which mattn
@@ -33,6 +33,11 @@
 // transactions begin with BEGIN IMMEDIATE; the engine's own write scripts
 // always do (Statements.BeginWrite), and a fenced transaction's first
 // statement is a write, so neither needs it.
+//
+// The last key keeps the WAL file from staying at the largest size it
+// ever reached (journal_size_limit is set per connection; mattn ignores
+// _pragma and has no key for it: set it in a ConnectHook, as
+// docs/operations.md, "WAL size", shows).
 //
 // "SPEC H3" and the like cite the numbered rules of docs/contract.md in the
 // repository, the contract sqlease keeps on every dialect.
