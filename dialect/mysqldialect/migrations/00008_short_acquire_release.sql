@@ -125,8 +125,12 @@ BEGIN
     -- read here missed a holder committed just before this call took the
     -- per-key lock); then the clock (SPEC S2) and whether the failover
     -- pause refuses grants here (SPEC S7; migration 00003; checked below
-    -- where 00004 checked it).
-    SELECT 1 INTO v_busy FROM {holders} WHERE lock_key = p_key LIMIT 1 LOCK IN SHARE MODE;
+    -- where 00004 checked it). FORCE INDEX: on a small table the optimizer
+    -- may scan every holder row, and a locking scan then waits on other
+    -- keys' rows (a takeover queued behind a fenced transaction), which
+    -- S5 forbids; through the lock_key index, READ COMMITTED locks only
+    -- this key's rows.
+    SELECT 1 INTO v_busy FROM {holders} FORCE INDEX (lock_key) WHERE lock_key = p_key LIMIT 1 LOCK IN SHARE MODE;
     IF NOT v_busy THEN
         SELECT 1 INTO v_busy FROM {markers} WHERE lock_key = p_key LOCK IN SHARE MODE;
     END IF;
