@@ -57,7 +57,7 @@ func (d Dialect) Listen(ctx context.Context, conn *sql.Conn, channel string, del
 		// sent to it must never reach a statement of the pool's users.
 		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	}()
-	ln := &listening{conn: conn, listeners: ns.Object(d, "listeners"), wakes: ns.Object(d, "wakes"), watches: ns.Object(d, "watches"), listen: ns.Object(d, "listen")}
+	ln := &listening{conn: conn, listenProc: ns.Object(d, "listen"), startProc: ns.Object(d, "listen_start")}
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	ln.tag = hex.EncodeToString(b)
@@ -79,62 +79,49 @@ func (d Dialect) Listen(ctx context.Context, conn *sql.Conn, channel string, del
 
 // listening is the state of one listening session.
 type listening struct {
-	conn                      *sql.Conn
-	listeners, wakes, watches string // quoted table names
-	listen                    string // the quoted procedure name
-	tag                       string // names the session's named lock
-	last                      int64  // the last wake row delivered
-	registered                time.Time
+	conn                  *sql.Conn
+	listenProc, startProc string // the quoted procedure names
+	tag                   string // names the session's named lock
+	last                  int64  // the last wake row delivered
+	registered            time.Time
 }
 
-// start prepares the session (autocommit, so that each statement reads
-// what committed before it began), notes the last wake row, registers the
-// session and deletes expired registrations and watches.
+// start checks the server (MariaDB), takes the session's named lock,
+// prepares the session (autocommit, so that each statement reads what
+// committed before it began; short lock waits) and registers it, noting
+// the last wake row.
 func (ln *listening) start(ctx context.Context) error {
 	var mariaDB bool
-	if err := ln.conn.QueryRowContext(ctx, `SELECT VERSION() LIKE '%MariaDB%'`).Scan(&mariaDB); err != nil {
+	var got sql.NullInt64
+	name := "sqlease:listener:" + ln.tag
+	if err := ln.conn.QueryRowContext(ctx, `SELECT VERSION() LIKE '%MariaDB%', GET_LOCK('`+name+`', 0)`).Scan(&mariaDB, &got); err != nil {
 		return fmt.Errorf("mysqldialect: listen: %w", err)
 	}
 	if !mariaDB {
 		return fmt.Errorf("mysqldialect: push wake-ups need MariaDB (MASTER_GTID_WAIT), not MySQL; waiters poll: %w", errors.ErrUnsupported)
 	}
-	if err := ln.exec(ctx, `SET SESSION autocommit = 1`); err != nil {
-		return err
-	}
-	var got sql.NullInt64
-	if err := ln.conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 0)`, "sqlease:listener:"+ln.tag).Scan(&got); err != nil {
-		return fmt.Errorf("mysqldialect: listen: named lock: %w", err)
-	}
 	if got.Int64 != 1 {
-		return fmt.Errorf("mysqldialect: listen: named lock %q not granted (GET_LOCK returned %v)", "sqlease:listener:"+ln.tag, got)
+		return fmt.Errorf("mysqldialect: listen: named lock %q not granted (GET_LOCK returned %v)", name, got)
 	}
-	err := retryInterrupted(func() error {
-		return ln.conn.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM `+ln.wakes).Scan(&ln.last)
-	})
-	if err != nil {
-		return fmt.Errorf("mysqldialect: listen: %w", err)
+	if err := ln.exec(ctx, `SET SESSION autocommit = 1, innodb_lock_wait_timeout = 2`); err != nil {
+		return err
 	}
 	return ln.register(ctx)
 }
 
-// register inserts or refreshes the session's registration, then deletes
-// expired registrations and watches, and wake rows far behind the last
-// one seen (those a gap in the sequence left; {wake} deletes the others),
-// a few thousand at a time.
+// register inserts or refreshes the session's registration and deletes
+// expired rows ({listen_start}); at the start, it notes the last wake row.
 func (ln *listening) register(ctx context.Context) error {
 	at := time.Now()
-	if err := ln.exec(ctx, `INSERT INTO `+ln.listeners+` (conn_id, tag, expires_us) VALUES (CONNECTION_ID(), ?, `+nowUS+` + ?)
-ON DUPLICATE KEY UPDATE tag = VALUES(tag), expires_us = VALUES(expires_us)`, ln.tag, listenTTL.Microseconds()); err != nil {
-		return err
+	var last int64
+	err := retryInterrupted(func() error {
+		return ln.conn.QueryRowContext(ctx, fmt.Sprintf(`CALL %s('%s', %d)`, ln.startProc, ln.tag, listenTTL.Microseconds())).Scan(&last)
+	})
+	if err != nil {
+		return fmt.Errorf("mysqldialect: listen: %w", err)
 	}
-	if err := ln.exec(ctx, `DELETE FROM `+ln.listeners+` WHERE expires_us < `+nowUS+` LIMIT 100`); err != nil {
-		return err
-	}
-	if err := ln.exec(ctx, `DELETE FROM `+ln.watches+` WHERE expires_us < `+nowUS+` LIMIT 5000`); err != nil {
-		return err
-	}
-	if err := ln.exec(ctx, `DELETE FROM `+ln.wakes+` WHERE seq <= ? LIMIT 1000`, ln.last-2048); err != nil {
-		return err
+	if ln.registered.IsZero() {
+		ln.last = last
 	}
 	ln.registered = at
 	return nil
@@ -146,7 +133,7 @@ ON DUPLICATE KEY UPDATE tag = VALUES(tag), expires_us = VALUES(expires_us)`, ln.
 // began inside the CALL found no new row, so a wake row that committed
 // before the CALL began is never waited over.
 func (ln *listening) next(ctx context.Context, deliver func(string)) error {
-	q := fmt.Sprintf(`CALL %s(%d, %d)`, ln.listen, ln.last, max(1, int(listenSleep/time.Second)))
+	q := fmt.Sprintf(`CALL %s(%d, %d)`, ln.listenProc, ln.last, max(1, int(listenSleep/time.Second)))
 	rows, err := ln.conn.QueryContext(ctx, q)
 	if err != nil {
 		return ln.failed(err)
@@ -177,9 +164,9 @@ func (ln *listening) failed(err error) error {
 
 // exec runs a statement of the session, again when a doorbell interrupted
 // it.
-func (ln *listening) exec(ctx context.Context, q string, args ...any) error {
+func (ln *listening) exec(ctx context.Context, q string) error {
 	err := retryInterrupted(func() error {
-		_, err := ln.conn.ExecContext(ctx, q, args...)
+		_, err := ln.conn.ExecContext(ctx, q)
 		return err
 	})
 	if err != nil {

@@ -47,7 +47,7 @@
 
 -- +goose Up
 -- One row per listening session; expires_us is refreshed by the listener
--- while it runs, and expired rows are deleted by listeners. A row whose
+-- while it runs, and expired rows are deleted by listeners ({listen_start}). A row whose
 -- session ended is never rung (its named lock is gone).
 CREATE TABLE {listeners} (
     conn_id    BIGINT UNSIGNED NOT NULL PRIMARY KEY,
@@ -85,6 +85,29 @@ BEGIN
         VALUES (p_key, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) + p_watch_us)
         ON DUPLICATE KEY UPDATE expires_us = VALUES(expires_us);
     END IF;
+END;
+-- +goose StatementEnd
+
+-- A listening session's registration (at its start, then every third of
+-- p_ttl_us): its connection ID and tag until now + p_ttl_us, then a
+-- cleanup of expired registrations and watches and of wake rows far
+-- behind the last one (those a gap in the sequence left; {wake} deletes
+-- the others), a few thousand at a time. Returns the last wake row's
+-- sequence number (last_seq).
+-- +goose StatementBegin
+CREATE PROCEDURE {listen_start}(IN p_tag VARCHAR(64), IN p_ttl_us BIGINT)
+MODIFIES SQL DATA
+SQL SECURITY INVOKER
+BEGIN
+    DECLARE v_last BIGINT DEFAULT 0;
+    SELECT COALESCE(MAX(seq), 0) INTO v_last FROM {wakes};
+    INSERT INTO {listeners} (conn_id, tag, expires_us)
+    VALUES (CONNECTION_ID(), p_tag, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) + p_ttl_us)
+    ON DUPLICATE KEY UPDATE tag = VALUES(tag), expires_us = VALUES(expires_us);
+    DELETE FROM {listeners} WHERE expires_us < TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) LIMIT 100;
+    DELETE FROM {watches} WHERE expires_us < TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) LIMIT 5000;
+    DELETE FROM {wakes} WHERE seq <= v_last - 2048 LIMIT 1000;
+    SELECT v_last AS last_seq;
 END;
 -- +goose StatementEnd
 
@@ -798,6 +821,7 @@ END;
 -- +goose StatementEnd
 DROP PROCEDURE IF EXISTS {wake};
 DROP PROCEDURE IF EXISTS {listen};
+DROP PROCEDURE IF EXISTS {listen_start};
 DROP PROCEDURE IF EXISTS {watch};
 DROP TABLE IF EXISTS {wakes};
 DROP TABLE IF EXISTS {watches};
