@@ -65,12 +65,17 @@ CREATE TABLE {watches} (
 
 -- Releases of watched keys, with increasing sequence numbers: a listener
 -- reads every row after the last it saw. Each {wake} deletes the row 1,024
--- before its own (one row: concurrent releases never wait for each other
--- here); listeners delete older rows left by gaps in the sequence.
+-- before its own; listeners delete older rows left by gaps in the
+-- sequence. A MEMORY table: a wake row is a hint written after the
+-- release committed, so it needs no log flush of its own (InnoDB would
+-- add one per handoff), and it is visible as soon as it is written. A
+-- server restart empties it and ends every listening session, which
+-- starts again from the new last row.
 CREATE TABLE {wakes} (
-    seq     BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    payload VARBINARY(600) NOT NULL
-) ENGINE = InnoDB;
+    seq     BIGINT NOT NULL AUTO_INCREMENT,
+    payload VARBINARY(600) NOT NULL,
+    PRIMARY KEY USING BTREE (seq)
+) ENGINE = MEMORY;
 
 -- A refused waiter's interest in the key (p_watch_us > 0), in the caller's
 -- transaction, when any process listens (none does on MySQL 8, see
@@ -145,17 +150,15 @@ wake: BEGIN
         SELECT conn_id FROM {listeners}
         WHERE IS_USED_LOCK(CONCAT('sqlease:listener:', tag)) = conn_id;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
-    DECLARE EXIT HANDLER FOR SQLEXCEPTION ROLLBACK;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN END;
     IF p_key IS NULL OR NOT EXISTS (SELECT 1 FROM {watches} WHERE lock_key = p_key AND expires_us > v_now) THEN
         LEAVE wake;
     END IF;
     SELECT waiter_id INTO v_target FROM {markers} WHERE lock_key = p_key AND expires_us > v_now;
-    START TRANSACTION;
     INSERT INTO {wakes} (payload)
     VALUES (IF(v_target IS NULL, p_key, CONCAT(CHAR(30), v_target, CHAR(30), p_key)));
     SET v_seq = LAST_INSERT_ID();
     DELETE FROM {wakes} WHERE seq = v_seq - 1024;
-    COMMIT;
     SET v_done = 0;
     OPEN c_listeners;
     ring: LOOP
