@@ -263,10 +263,10 @@ func TestPushWakeAcrossProcesses_MySQL(t *testing.T) {
 }
 
 // TestPushWakeCleanup_MySQL: a waiting process that dies leaves no
-// registration that a release rings (its session is gone), and its
-// registration and watch are deleted by the next listening session once
-// expired; a release of a key whose watch expired wakes nobody and writes
-// no wake row.
+// registration that a release rings (its session and named lock are gone):
+// the next ring deletes it. Its watch expires; a release of a key whose
+// watch expired writes no wake row, and the next listening session deletes
+// the expired watch.
 func TestPushWakeCleanup_MySQL(t *testing.T) {
 	if os.Getenv(wakeSchemaEnv) != "" {
 		t.Skip("child process")
@@ -300,36 +300,57 @@ func TestPushWakeCleanup_MySQL(t *testing.T) {
 	_ = c.cmd.Wait()
 	waitFor(t, "the dead child's session to end", func() bool { return len(listenerIDs(t, db, ns)) == 0 })
 	if n := countRows(t, db, ns, "listeners", "TRUE"); n != 1 {
-		t.Fatalf("%d registrations, want the dead child's one (deleted once expired)", n)
+		t.Fatalf("%d registrations, want the dead child's one", n)
 	}
-	// The watch lasts 10 s after the child's last attempt: wait it out.
-	waitFor(t, "the dead child's watch to expire", func() bool {
-		return countRows(t, db, ns, "watches", "expires_us > "+nowUS) == 0
-	})
 	wakes := countRows(t, db, ns, "wakes", "TRUE")
 	if err := le.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := countRows(t, db, ns, "wakes", "TRUE"); n != wakes {
-		t.Fatalf("a release of a key whose watch expired wrote a wake row (%d -> %d)", wakes, n)
+	if n := countRows(t, db, ns, "wakes", "TRUE"); n != wakes+1 {
+		t.Fatalf("wake rows %d -> %d after a release of a watched key, want one more", wakes, n)
 	}
-	// A new waiter (in this process) starts a listening session, which
-	// deletes the expired registration and watch.
-	le, err = holder.TryAcquire(ctx, "other", lock.Exclusive)
+	if n := countRows(t, db, ns, "listeners", "TRUE"); n != 0 {
+		t.Fatalf("%d registrations left after a ring, want the dead child's deleted", n)
+	}
+	// A waiter of this process on another key leaves; its watch lasts 10 s
+	// after its last attempt: wait it out.
+	other, err := holder.TryAcquire(ctx, "other", lock.Exclusive)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	go func() {
-		_, _ = newLocker("waiter").Acquire(wctx, "other", lock.Exclusive)
-	}()
-	waitFor(t, "the expired registration and watch deleted", func() bool {
-		return countRows(t, db, ns, "listeners", "expires_us < "+nowUS) == 0 &&
-			countRows(t, db, ns, "watches", "lock_key = '"+wakeKey+"'") == 0 &&
-			len(listenerIDs(t, db, ns)) == 1
+	if _, err := newLocker("waiter").Acquire(wctx, "other", lock.Exclusive); err == nil {
+		t.Fatal("granted a held key")
+	}
+	waitFor(t, "the watches to expire", func() bool {
+		return countRows(t, db, ns, "watches", "expires_us > "+nowUS) == 0
 	})
-	if err := le.Release(ctx); err != nil {
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, db, ns, "wakes", "TRUE"); n != wakes+1 {
+		t.Fatalf("a release of a key whose watch expired wrote a wake row (%d -> %d)", wakes+1, n)
+	}
+	// Listening sessions delete expired watches (at their start and every
+	// third of their registration TTL): a new waiter starts one.
+	third, err := holder.TryAcquire(ctx, "third", lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter2 := newLocker("waiter 2")
+	wctx2, cancel2 := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = waiter2.Acquire(wctx2, "third", lock.Exclusive)
+	}()
+	waitFor(t, "the expired watches deleted", func() bool {
+		return countRows(t, db, ns, "watches", "expires_us <= "+nowUS) == 0
+	})
+	cancel2()
+	<-done
+	if err := third.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -47,8 +47,9 @@
 
 -- +goose Up
 -- One row per listening session; expires_us is refreshed by the listener
--- while it runs, and expired rows are deleted by listeners ({listen_start}). A row whose
--- session ended is never rung (its named lock is gone).
+-- while it runs. A row whose session ended is never rung (its named lock is
+-- gone; a session takes it before it registers) and is deleted by the
+-- next ring ({wake}), or once expired by a listener ({listen_start}).
 CREATE TABLE {listeners} (
     conn_id    BIGINT UNSIGNED NOT NULL PRIMARY KEY,
     tag        VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
@@ -159,6 +160,7 @@ wake: BEGIN
     VALUES (IF(v_target IS NULL, p_key, CONCAT(CHAR(30), v_target, CHAR(30), p_key)));
     SET v_seq = LAST_INSERT_ID();
     DELETE FROM {wakes} WHERE seq = v_seq - 1024;
+    DELETE FROM {listeners} WHERE IS_USED_LOCK(CONCAT('sqlease:listener:', tag)) IS NULL LIMIT 100;
     SET v_done = 0;
     OPEN c_listeners;
     ring: LOOP
