@@ -143,6 +143,7 @@ MODIFIES SQL DATA
 SQL SECURITY INVOKER
 wake: BEGIN
     DECLARE v_now BIGINT DEFAULT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
+    DECLARE v_wait BIGINT DEFAULT @@SESSION.innodb_lock_wait_timeout;
     DECLARE v_target VARBINARY(64) DEFAULT NULL;
     DECLARE v_seq BIGINT;
     DECLARE v_id BIGINT UNSIGNED;
@@ -151,7 +152,7 @@ wake: BEGIN
         SELECT conn_id FROM {listeners}
         WHERE IS_USED_LOCK(CONCAT('sqlease:listener:', tag)) = conn_id;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
-    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN END;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION SET SESSION innodb_lock_wait_timeout = v_wait;
     IF p_key IS NULL OR NOT EXISTS (SELECT 1 FROM {watches} WHERE lock_key = p_key AND expires_us > v_now) THEN
         LEAVE wake;
     END IF;
@@ -160,7 +161,6 @@ wake: BEGIN
     VALUES (IF(v_target IS NULL, p_key, CONCAT(CHAR(30), v_target, CHAR(30), p_key)));
     SET v_seq = LAST_INSERT_ID();
     DELETE FROM {wakes} WHERE seq = v_seq - 1024;
-    DELETE FROM {listeners} WHERE IS_USED_LOCK(CONCAT('sqlease:listener:', tag)) IS NULL LIMIT 100;
     SET v_done = 0;
     OPEN c_listeners;
     ring: LOOP
@@ -174,6 +174,10 @@ wake: BEGIN
         END;
     END LOOP;
     CLOSE c_listeners;
+    -- Registrations of ended sessions, after the ring.
+    SET SESSION innodb_lock_wait_timeout = 1;
+    DELETE FROM {listeners} WHERE IS_USED_LOCK(CONCAT('sqlease:listener:', tag)) IS NULL LIMIT 100;
+    SET SESSION innodb_lock_wait_timeout = v_wait;
 END;
 -- +goose StatementEnd
 
