@@ -39,10 +39,15 @@
 -- costs one primary-key lookup in {watches} (no nested CALL).
 --
 -- The hooks (the only changes to the procedures below, whose text is
--- otherwise that of migrations 00004, 00007 and 00001):
+-- otherwise that of migration 00008 for {acquire_limit} and {release} and
+-- 00007 for {acquire_fifo}; each hook line ends with "-- 00009"):
 --   {acquire_limit}, {acquire_fifo}: first line of the IF v_blocked branch:
 --       CALL {watch}(p_key, p_watch_us);
---   {release}: last line, after COMMIT and the lock wait timeout reset:
+--   {release}, MariaDB: the key released goes to a user variable, reset
+--   first (SET @sqlease_released = NULL; ... RETURNING
+--   (@sqlease_released := lock_key) AS lock_key), and after COMMIT:
+--       IF EXISTS (SELECT 1 FROM {watches} WHERE lock_key = @sqlease_released) THEN CALL {wake}(@sqlease_released); END IF;
+--   {release}, MySQL: last line, after the lock wait timeout reset:
 --       IF EXISTS (SELECT 1 FROM {watches} WHERE lock_key = v_key) THEN CALL {wake}(v_key); END IF;
 
 -- +goose Up
@@ -193,8 +198,8 @@ BEGIN
     DECLARE v_lock VARCHAR(64) DEFAULT CONCAT('sqlease:', SHA1(CONCAT('{holders}', ':', p_key)));
     DECLARE v_wait BIGINT DEFAULT @@SESSION.innodb_lock_wait_timeout;
     DECLARE v_got INT DEFAULT NULL;
-    DECLARE v_tlock VARCHAR(64) DEFAULT CONCAT('sqlease:t:', SHA1('{holders}'));
-    DECLARE v_tgot INT DEFAULT NULL;
+    DECLARE v_busy INT DEFAULT 0;
+    DECLARE v_paused INT DEFAULT 0;
     DECLARE v_token BIGINT;
     DECLARE v_now BIGINT;
     DECLARE v_id VARBINARY(64);
@@ -207,20 +212,18 @@ BEGIN
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
         ROLLBACK;
-        IF v_tgot = 1 THEN
-            DO RELEASE_LOCK(v_tlock);
-        END IF;
         IF v_got = 1 THEN
             DO RELEASE_LOCK(v_lock);
         END IF;
-        SET SESSION innodb_lock_wait_timeout = v_wait;
+        IF v_busy THEN
+            SET SESSION innodb_lock_wait_timeout = v_wait;
+        END IF;
         RESIGNAL;
     END;
 
     IF p_mode IS NULL OR p_mode NOT IN ('x', 's') THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'sqlease: mode is not x or s';
     END IF;
-    SET SESSION innodb_lock_wait_timeout = 2;
     SET v_got = GET_LOCK(v_lock, 2);
     IF v_got IS NULL OR v_got <> 1 THEN
         SET v_got = NULL;
@@ -229,34 +232,55 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
 
-    -- Takeover of expired holders. Each candidate row is locked first: that
-    -- waits for fenced transactions holding it in share mode (SPEC F1) and
-    -- for renewals in flight (they hold it in share mode too); the expiry
-    -- is then re-checked with the clock read after the wait.
-    SET v_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
-    OPEN c_expired;
-    takeover: LOOP
-        FETCH c_expired INTO v_id;
-        IF v_done = 1 THEN
-            LEAVE takeover;
-        END IF;
-        SELECT lease_id INTO v_id FROM {holders} WHERE lease_id = v_id FOR UPDATE;
-        SET v_done = 0;
-        DELETE FROM {holders} WHERE lease_id = v_id AND EXISTS (
-            SELECT 1 FROM {expiry} e WHERE e.lease_id = v_id
-              AND e.expires_us <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
-    END LOOP;
-    CLOSE c_expired;
-    DELETE FROM {markers} WHERE lock_key = p_key
-      AND expires_us <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
+    -- After the per-key lock: whether the key has a holder row or a
+    -- marker, by locking reads (see the top of this file: a consistent
+    -- read here missed a holder committed just before this call took the
+    -- per-key lock); then the clock (SPEC S2) and whether the failover
+    -- pause refuses grants here (SPEC S7; migration 00003; checked below
+    -- where 00004 checked it).
+    SELECT 1 INTO v_busy FROM {holders} WHERE lock_key = p_key LIMIT 1 LOCK IN SHARE MODE;
+    IF NOT v_busy THEN
+        SELECT 1 INTO v_busy FROM {markers} WHERE lock_key = p_key LOCK IN SHARE MODE;
+    END IF;
+    SET v_done = 0;
+    SELECT EXISTS (SELECT 1 FROM {epoch} WHERE id = 1 AND pause_us > 0 AND (
+                server <> CONCAT(@@server_id, '/' /*M!100000 , @@hostname, ':', @@port */ /*!80000 , @@server_uuid */)
+                OR since_us + pause_us > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))),
+        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))
+    INTO v_paused, v_now;
 
-    -- Every holder row still present blocks, even one that expired a moment
-    -- ago: a renewal of it may be committing right now. A semaphore request
-    -- (p_limit > 0) is refused while the key has p_limit rows, counted
-    -- under the per-key lock, so two requests never both see a free slot.
-    SELECT EXISTS (SELECT 1 FROM {holders} h WHERE h.lock_key = p_key AND (h.mode = 'x' OR p_mode = 'x' OR p_limit > 0 AND p_limit <= (SELECT COUNT(*) FROM {holders} c WHERE c.lock_key = p_key)))
-        OR EXISTS (SELECT 1 FROM {markers} m WHERE m.lock_key = p_key AND m.waiter_id <> p_lease_id)
-    INTO v_blocked;
+    IF v_busy THEN
+        -- The key has rows: migration 00004's path. Lock waits are bounded
+        -- (2 s): the procedure then fails with error 1205 and the engine
+        -- polls again. Each expired candidate row is locked first: that
+        -- waits for fenced transactions holding it in share mode (SPEC F1)
+        -- and for renewals in flight (they hold it in share mode too); the
+        -- expiry is then re-checked with the clock read after the wait.
+        SET SESSION innodb_lock_wait_timeout = 2;
+        OPEN c_expired;
+        takeover: LOOP
+            FETCH c_expired INTO v_id;
+            IF v_done = 1 THEN
+                LEAVE takeover;
+            END IF;
+            SELECT lease_id INTO v_id FROM {holders} WHERE lease_id = v_id FOR UPDATE;
+            SET v_done = 0;
+            DELETE FROM {holders} WHERE lease_id = v_id AND EXISTS (
+                SELECT 1 FROM {expiry} e WHERE e.lease_id = v_id
+                  AND e.expires_us <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
+        END LOOP;
+        CLOSE c_expired;
+        DELETE FROM {markers} WHERE lock_key = p_key
+          AND expires_us <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
+
+        -- Every holder row still present blocks, even one that expired a
+        -- moment ago: a renewal of it may be committing right now. A
+        -- semaphore request (p_limit > 0) is refused while the key has
+        -- p_limit rows, counted under the per-key lock (SPEC W7).
+        SELECT EXISTS (SELECT 1 FROM {holders} h WHERE h.lock_key = p_key AND (h.mode = 'x' OR p_mode = 'x' OR p_limit > 0 AND p_limit <= (SELECT COUNT(*) FROM {holders} c WHERE c.lock_key = p_key)))
+            OR EXISTS (SELECT 1 FROM {markers} m WHERE m.lock_key = p_key AND m.waiter_id <> p_lease_id)
+        INTO v_blocked;
+    END IF;
 
     IF v_blocked THEN
         CALL {watch}(p_key, p_watch_us); -- 00009: push wake-ups
@@ -275,41 +299,36 @@ BEGIN
                TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))
         FROM {markers} m WHERE m.lock_key = p_key;
     ELSE
-        IF p_mode = 'x' THEN
-            DELETE FROM {markers} WHERE lock_key = p_key AND waiter_id = p_lease_id;
+        IF v_busy THEN
+            IF p_mode = 'x' THEN
+                DELETE FROM {markers} WHERE lock_key = p_key AND waiter_id = p_lease_id;
+            END IF;
+            -- The clock after the takeovers' lock waits (SPEC S2).
+            SET v_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
         END IF;
-        -- The failover pause (SPEC S7; see the top of this file): on a
-        -- server the {epoch} row does not name, or inside its pause, refuse
-        -- before the token is drawn. The exit handler rolls back what this
-        -- call wrote (takeovers, markers) and releases the per-key lock.
-        IF EXISTS (SELECT 1 FROM {epoch} WHERE id = 1 AND pause_us > 0 AND (
-                server <> CONCAT(@@server_id, '/' /*M!100000 , @@hostname, ':', @@port */ /*!80000 , @@server_uuid */)
-                OR since_us + pause_us > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))) THEN
+        -- The failover pause: the exit handler rolls back what this call
+        -- wrote (takeovers, markers) and releases the per-key lock.
+        IF v_paused THEN
             SIGNAL SQLSTATE 'SL002' SET MESSAGE_TEXT = 'sqlease: failover pause: this primary grants nothing until the pause after it was first seen ends';
         END IF;
-        -- The token (SPEC S3, S7): GREATEST(counter, clock), drawn under
-        -- the per-key lock and the token lock (see the top of this file).
-        SET v_tgot = GET_LOCK(v_tlock, 2);
-        IF v_tgot IS NULL OR v_tgot <> 1 THEN
-            SET v_tgot = NULL;
-            SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205, MESSAGE_TEXT = 'sqlease: timed out waiting for the token lock';
-        END IF;
-        SET v_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
+        -- The token (SPEC S3, S7): GREATEST(counter, clock); see the top
+        -- of this file.
         INSERT INTO {holders} (lease_id, lock_key, mode, owner, acquired_us)
         VALUES (p_lease_id, p_key, p_mode, p_owner, v_now);
         SET v_token = LAST_INSERT_ID();
         IF v_token < v_now THEN
             UPDATE {holders} SET token = v_now WHERE lease_id = p_lease_id;
+            SET v_token = v_now;
         END IF;
-        DO RELEASE_LOCK(v_tlock);
-        SET v_tgot = NULL;
         INSERT INTO {expiry} (lease_id, expires_us) VALUES (p_lease_id, v_now + p_ttl_us);
-        SELECT 1 AS granted, h.lease_id, h.mode, h.owner, h.token, v_now + p_ttl_us AS expires_us, v_now AS now_us
-        FROM {holders} h WHERE h.lease_id = p_lease_id;
+        SELECT 1 AS granted, p_lease_id AS lease_id, p_mode AS mode, p_owner AS owner, v_token AS token,
+               v_now + p_ttl_us AS expires_us, v_now AS now_us;
     END IF;
     COMMIT;
     DO RELEASE_LOCK(v_lock);
-    SET SESSION innodb_lock_wait_timeout = v_wait;
+    IF v_busy THEN
+        SET SESSION innodb_lock_wait_timeout = v_wait;
+    END IF;
 END;
 -- +goose StatementEnd
 
@@ -482,6 +501,22 @@ CREATE PROCEDURE {release}(IN p_lease_id VARBINARY(64), IN p_token BIGINT)
 MODIFIES SQL DATA
 SQL SECURITY INVOKER
 BEGIN
+    /*M!100500
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        ROLLBACK;
+        RESIGNAL;
+    END;
+    SET @sqlease_released = NULL; -- 00009: push wake-ups
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    SET STATEMENT innodb_lock_wait_timeout = 5 FOR
+    DELETE FROM {holders} WHERE lease_id = p_lease_id AND (token = p_token OR p_token = 0)
+    RETURNING (@sqlease_released := lock_key) AS lock_key; -- 00009: push wake-ups
+    COMMIT;
+    IF EXISTS (SELECT 1 FROM {watches} WHERE lock_key = @sqlease_released) THEN CALL {wake}(@sqlease_released); END IF; -- 00009: push wake-ups
+    */
+    /*!80000
     DECLARE v_wait BIGINT DEFAULT @@SESSION.innodb_lock_wait_timeout;
     DECLARE v_key VARBINARY(512) DEFAULT NULL;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
@@ -503,6 +538,7 @@ BEGIN
     COMMIT;
     SET SESSION innodb_lock_wait_timeout = v_wait;
     IF EXISTS (SELECT 1 FROM {watches} WHERE lock_key = v_key) THEN CALL {wake}(v_key); END IF; -- 00009: push wake-ups
+    */
 END;
 -- +goose StatementEnd
 
@@ -519,8 +555,8 @@ BEGIN
     DECLARE v_lock VARCHAR(64) DEFAULT CONCAT('sqlease:', SHA1(CONCAT('{holders}', ':', p_key)));
     DECLARE v_wait BIGINT DEFAULT @@SESSION.innodb_lock_wait_timeout;
     DECLARE v_got INT DEFAULT NULL;
-    DECLARE v_tlock VARCHAR(64) DEFAULT CONCAT('sqlease:t:', SHA1('{holders}'));
-    DECLARE v_tgot INT DEFAULT NULL;
+    DECLARE v_busy INT DEFAULT 0;
+    DECLARE v_paused INT DEFAULT 0;
     DECLARE v_token BIGINT;
     DECLARE v_now BIGINT;
     DECLARE v_id VARBINARY(64);
@@ -533,20 +569,18 @@ BEGIN
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
         ROLLBACK;
-        IF v_tgot = 1 THEN
-            DO RELEASE_LOCK(v_tlock);
-        END IF;
         IF v_got = 1 THEN
             DO RELEASE_LOCK(v_lock);
         END IF;
-        SET SESSION innodb_lock_wait_timeout = v_wait;
+        IF v_busy THEN
+            SET SESSION innodb_lock_wait_timeout = v_wait;
+        END IF;
         RESIGNAL;
     END;
 
     IF p_mode IS NULL OR p_mode NOT IN ('x', 's') THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'sqlease: mode is not x or s';
     END IF;
-    SET SESSION innodb_lock_wait_timeout = 2;
     SET v_got = GET_LOCK(v_lock, 2);
     IF v_got IS NULL OR v_got <> 1 THEN
         SET v_got = NULL;
@@ -555,34 +589,55 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
 
-    -- Takeover of expired holders. Each candidate row is locked first: that
-    -- waits for fenced transactions holding it in share mode (SPEC F1) and
-    -- for renewals in flight (they hold it in share mode too); the expiry
-    -- is then re-checked with the clock read after the wait.
-    SET v_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
-    OPEN c_expired;
-    takeover: LOOP
-        FETCH c_expired INTO v_id;
-        IF v_done = 1 THEN
-            LEAVE takeover;
-        END IF;
-        SELECT lease_id INTO v_id FROM {holders} WHERE lease_id = v_id FOR UPDATE;
-        SET v_done = 0;
-        DELETE FROM {holders} WHERE lease_id = v_id AND EXISTS (
-            SELECT 1 FROM {expiry} e WHERE e.lease_id = v_id
-              AND e.expires_us <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
-    END LOOP;
-    CLOSE c_expired;
-    DELETE FROM {markers} WHERE lock_key = p_key
-      AND expires_us <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
+    -- After the per-key lock: whether the key has a holder row or a
+    -- marker, by locking reads (see the top of this file: a consistent
+    -- read here missed a holder committed just before this call took the
+    -- per-key lock); then the clock (SPEC S2) and whether the failover
+    -- pause refuses grants here (SPEC S7; migration 00003; checked below
+    -- where 00004 checked it).
+    SELECT 1 INTO v_busy FROM {holders} WHERE lock_key = p_key LIMIT 1 LOCK IN SHARE MODE;
+    IF NOT v_busy THEN
+        SELECT 1 INTO v_busy FROM {markers} WHERE lock_key = p_key LOCK IN SHARE MODE;
+    END IF;
+    SET v_done = 0;
+    SELECT EXISTS (SELECT 1 FROM {epoch} WHERE id = 1 AND pause_us > 0 AND (
+                server <> CONCAT(@@server_id, '/' /*M!100000 , @@hostname, ':', @@port */ /*!80000 , @@server_uuid */)
+                OR since_us + pause_us > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))),
+        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))
+    INTO v_paused, v_now;
 
-    -- Every holder row still present blocks, even one that expired a moment
-    -- ago: a renewal of it may be committing right now. A semaphore request
-    -- (p_limit > 0) is refused while the key has p_limit rows, counted
-    -- under the per-key lock, so two requests never both see a free slot.
-    SELECT EXISTS (SELECT 1 FROM {holders} h WHERE h.lock_key = p_key AND (h.mode = 'x' OR p_mode = 'x' OR p_limit > 0 AND p_limit <= (SELECT COUNT(*) FROM {holders} c WHERE c.lock_key = p_key)))
-        OR EXISTS (SELECT 1 FROM {markers} m WHERE m.lock_key = p_key AND m.waiter_id <> p_lease_id)
-    INTO v_blocked;
+    IF v_busy THEN
+        -- The key has rows: migration 00004's path. Lock waits are bounded
+        -- (2 s): the procedure then fails with error 1205 and the engine
+        -- polls again. Each expired candidate row is locked first: that
+        -- waits for fenced transactions holding it in share mode (SPEC F1)
+        -- and for renewals in flight (they hold it in share mode too); the
+        -- expiry is then re-checked with the clock read after the wait.
+        SET SESSION innodb_lock_wait_timeout = 2;
+        OPEN c_expired;
+        takeover: LOOP
+            FETCH c_expired INTO v_id;
+            IF v_done = 1 THEN
+                LEAVE takeover;
+            END IF;
+            SELECT lease_id INTO v_id FROM {holders} WHERE lease_id = v_id FOR UPDATE;
+            SET v_done = 0;
+            DELETE FROM {holders} WHERE lease_id = v_id AND EXISTS (
+                SELECT 1 FROM {expiry} e WHERE e.lease_id = v_id
+                  AND e.expires_us <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
+        END LOOP;
+        CLOSE c_expired;
+        DELETE FROM {markers} WHERE lock_key = p_key
+          AND expires_us <= TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
+
+        -- Every holder row still present blocks, even one that expired a
+        -- moment ago: a renewal of it may be committing right now. A
+        -- semaphore request (p_limit > 0) is refused while the key has
+        -- p_limit rows, counted under the per-key lock (SPEC W7).
+        SELECT EXISTS (SELECT 1 FROM {holders} h WHERE h.lock_key = p_key AND (h.mode = 'x' OR p_mode = 'x' OR p_limit > 0 AND p_limit <= (SELECT COUNT(*) FROM {holders} c WHERE c.lock_key = p_key)))
+            OR EXISTS (SELECT 1 FROM {markers} m WHERE m.lock_key = p_key AND m.waiter_id <> p_lease_id)
+        INTO v_blocked;
+    END IF;
 
     IF v_blocked THEN
         IF p_mode = 'x' AND p_marker_us > 0 THEN
@@ -600,41 +655,36 @@ BEGIN
                TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))
         FROM {markers} m WHERE m.lock_key = p_key;
     ELSE
-        IF p_mode = 'x' THEN
-            DELETE FROM {markers} WHERE lock_key = p_key AND waiter_id = p_lease_id;
+        IF v_busy THEN
+            IF p_mode = 'x' THEN
+                DELETE FROM {markers} WHERE lock_key = p_key AND waiter_id = p_lease_id;
+            END IF;
+            -- The clock after the takeovers' lock waits (SPEC S2).
+            SET v_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
         END IF;
-        -- The failover pause (SPEC S7; see the top of this file): on a
-        -- server the {epoch} row does not name, or inside its pause, refuse
-        -- before the token is drawn. The exit handler rolls back what this
-        -- call wrote (takeovers, markers) and releases the per-key lock.
-        IF EXISTS (SELECT 1 FROM {epoch} WHERE id = 1 AND pause_us > 0 AND (
-                server <> CONCAT(@@server_id, '/' /*M!100000 , @@hostname, ':', @@port */ /*!80000 , @@server_uuid */)
-                OR since_us + pause_us > TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))) THEN
+        -- The failover pause: the exit handler rolls back what this call
+        -- wrote (takeovers, markers) and releases the per-key lock.
+        IF v_paused THEN
             SIGNAL SQLSTATE 'SL002' SET MESSAGE_TEXT = 'sqlease: failover pause: this primary grants nothing until the pause after it was first seen ends';
         END IF;
-        -- The token (SPEC S3, S7): GREATEST(counter, clock), drawn under
-        -- the per-key lock and the token lock (see the top of this file).
-        SET v_tgot = GET_LOCK(v_tlock, 2);
-        IF v_tgot IS NULL OR v_tgot <> 1 THEN
-            SET v_tgot = NULL;
-            SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205, MESSAGE_TEXT = 'sqlease: timed out waiting for the token lock';
-        END IF;
-        SET v_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6));
+        -- The token (SPEC S3, S7): GREATEST(counter, clock); see the top
+        -- of this file.
         INSERT INTO {holders} (lease_id, lock_key, mode, owner, acquired_us)
         VALUES (p_lease_id, p_key, p_mode, p_owner, v_now);
         SET v_token = LAST_INSERT_ID();
         IF v_token < v_now THEN
             UPDATE {holders} SET token = v_now WHERE lease_id = p_lease_id;
+            SET v_token = v_now;
         END IF;
-        DO RELEASE_LOCK(v_tlock);
-        SET v_tgot = NULL;
         INSERT INTO {expiry} (lease_id, expires_us) VALUES (p_lease_id, v_now + p_ttl_us);
-        SELECT 1 AS granted, h.lease_id, h.mode, h.owner, h.token, v_now + p_ttl_us AS expires_us, v_now AS now_us
-        FROM {holders} h WHERE h.lease_id = p_lease_id;
+        SELECT 1 AS granted, p_lease_id AS lease_id, p_mode AS mode, p_owner AS owner, v_token AS token,
+               v_now + p_ttl_us AS expires_us, v_now AS now_us;
     END IF;
     COMMIT;
     DO RELEASE_LOCK(v_lock);
-    SET SESSION innodb_lock_wait_timeout = v_wait;
+    IF v_busy THEN
+        SET SESSION innodb_lock_wait_timeout = v_wait;
+    END IF;
 END;
 -- +goose StatementEnd
 
@@ -806,6 +856,20 @@ CREATE PROCEDURE {release}(IN p_lease_id VARBINARY(64), IN p_token BIGINT)
 MODIFIES SQL DATA
 SQL SECURITY INVOKER
 BEGIN
+    /*M!100500
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        ROLLBACK;
+        RESIGNAL;
+    END;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    START TRANSACTION;
+    SET STATEMENT innodb_lock_wait_timeout = 5 FOR
+    DELETE FROM {holders} WHERE lease_id = p_lease_id AND (token = p_token OR p_token = 0)
+    RETURNING lock_key;
+    COMMIT;
+    */
+    /*!80000
     DECLARE v_wait BIGINT DEFAULT @@SESSION.innodb_lock_wait_timeout;
     DECLARE v_key VARBINARY(512) DEFAULT NULL;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
@@ -826,6 +890,7 @@ BEGIN
     END IF;
     COMMIT;
     SET SESSION innodb_lock_wait_timeout = v_wait;
+    */
 END;
 -- +goose StatementEnd
 DROP PROCEDURE IF EXISTS {wake};
