@@ -213,7 +213,7 @@ func figHandoff(ctx context.Context, e *env) ([]Figure, error) {
 			f := figure(name, e.dialect, v, "ms", b, t)
 			f.Note = fmt.Sprintf("%d samples; release call -> waiter granted", len(got[path]))
 			if path == "xproc" && e.isMySQL() {
-				f.Note += "; MySQL: the waiter polls (no push wake-ups)"
+				f.Note += "; MariaDB: the other process's listening session is interrupted by the release (KILL QUERY doorbell, mysqldialect.Listen)"
 			}
 			if path == "xproc" && !e.isPG() && !e.isMySQL() {
 				f.Note += "; SQLite: the other process watches the database file for commits (sqlitedialect.WatchChanges)"

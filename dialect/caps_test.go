@@ -38,7 +38,7 @@ func TestCapabilitiesOfDerivesNotifyAndFIFO(t *testing.T) {
 	}{
 		{pgdialect.New(), dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapNotify | dialect.CapFIFO | dialect.CapFenceIdleTimeout},
 		{sqlitedialect.New(), dialect.CapWriteLockFence | dialect.CapFIFO},
-		{mysqldialect.New(), dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapFIFO | dialect.CapFenceIdleTimeout},
+		{mysqldialect.New(), dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapNotify | dialect.CapFIFO | dialect.CapFenceIdleTimeout},
 		// A declared flag without what gives it is dropped.
 		{edited{Dialect: mysqldialect.New(), caps: dialect.CapNotify | dialect.CapFIFO, edit: noFIFO}, 0},
 	} {

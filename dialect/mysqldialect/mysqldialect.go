@@ -44,7 +44,19 @@
 // (SPEC H2, S4): 10,000 leases take 4 or 5 CALLs per renewal interval.
 //
 // Concurrent migrate.Up calls queue on a row of a lock table, one per
-// namespace, shared with goose's MySQL table locker (SPEC D1). There are no push wake-ups: waiters poll.
+// namespace, shared with goose's MySQL table locker (SPEC D1).
+//
+// Push wake-ups (SPEC W2; migration 00009, listen.go), on MariaDB only:
+// there is no LISTEN/NOTIFY, so a process with blocked waiters keeps one
+// listening session per pool and namespace, registered in a table, which
+// waits in a statement that a release of a key with blocked waiters
+// interrupts with KILL QUERY (after its commit, from inside the release
+// procedure); the session then reads the wake rows the releases wrote and
+// the engine wakes the waiters of their keys. A refused attempt of a
+// blocking acquire marks its key watched; a release of an unwatched key
+// costs one index lookup more than before, and an uncontended acquire
+// nothing. On MySQL 8, Listen reports errors.ErrUnsupported and waiters
+// poll, as they do on every server when the listening session is down.
 //
 // Importing the package registers the dialect as "mysql"; it is detected for
 // the github.com/go-sql-driver/mysql driver. A Namespace schema is a MySQL
@@ -95,8 +107,8 @@ func (Dialect) Name() string { return Name }
 // Capabilities: schemas (MySQL databases), row-lock fences bounded by an
 // idle timeout (migration 00006: MariaDB's idle_transaction_timeout,
 // MySQL 8's wait_timeout, each in whole seconds) and concurrent writers.
-// FIFO waiters (CapFIFO) are derived from Statements.AcquireFIFO. No
-// notifications: waiters poll.
+// FIFO waiters (CapFIFO) are derived from Statements.AcquireFIFO and push
+// wake-ups (CapNotify) from Listen.
 func (Dialect) Capabilities() dialect.Capabilities {
 	return dialect.CapSchemas | dialect.CapRowLockFence | dialect.CapConcurrentWriters | dialect.CapFenceIdleTimeout
 }
