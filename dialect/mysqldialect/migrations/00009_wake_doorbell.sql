@@ -238,7 +238,7 @@ BEGIN
     -- per-key lock); then the clock (SPEC S2) and whether the failover
     -- pause refuses grants here (SPEC S7; migration 00003; checked below
     -- where 00004 checked it).
-    SELECT 1 INTO v_busy FROM {holders} WHERE lock_key = p_key LIMIT 1 LOCK IN SHARE MODE;
+    SELECT 1 INTO v_busy FROM {holders} FORCE INDEX (lock_key) WHERE lock_key = p_key LIMIT 1 LOCK IN SHARE MODE;
     IF NOT v_busy THEN
         SELECT 1 INTO v_busy FROM {markers} WHERE lock_key = p_key LOCK IN SHARE MODE;
     END IF;
@@ -595,7 +595,7 @@ BEGIN
     -- per-key lock); then the clock (SPEC S2) and whether the failover
     -- pause refuses grants here (SPEC S7; migration 00003; checked below
     -- where 00004 checked it).
-    SELECT 1 INTO v_busy FROM {holders} WHERE lock_key = p_key LIMIT 1 LOCK IN SHARE MODE;
+    SELECT 1 INTO v_busy FROM {holders} FORCE INDEX (lock_key) WHERE lock_key = p_key LIMIT 1 LOCK IN SHARE MODE;
     IF NOT v_busy THEN
         SELECT 1 INTO v_busy FROM {markers} WHERE lock_key = p_key LOCK IN SHARE MODE;
     END IF;
