@@ -37,7 +37,7 @@ if ((jobs == 1)); then
   exit 0
 fi
 
-# test_module M ARGS...: go test ./... in module M, its output in
+# test_module N M ARGS...: go test ./... in module M, its output in
 # $logs/N.log (N: M's place in the list) and its exit status last.
 test_module() {
   local n=$1 m=$2 start=$SECONDS
