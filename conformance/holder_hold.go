@@ -3,7 +3,6 @@ package conformance
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/sqlease/sqlease/internal/faultdb"
@@ -18,7 +17,6 @@ func init() {
 		Case{Name: "H10_ReleaseAfterMinimumFreesAtOnce", Rule: "H10", Run: h10ReleaseAfterMinimum},
 		Case{Name: "H10_HoldAtMostEndsLeaseAsLoss", Rule: "H10", Run: h10HoldAtMostEndsLease},
 		Case{Name: "H10_HoldAtMostShorterThanTTL", Rule: "H10", Run: h10HoldAtMostShort},
-		Case{Name: "H10_BadHoldRefused", Rule: "H10", Run: h10BadHold},
 		Case{Name: "H10_FailedHoldEndsByExpiry", Rule: "H10", Run: h10FailedHold},
 	)
 }
@@ -169,42 +167,6 @@ func h10HoldAtMostEndsLease(e *Env) { h10MaxLife(e, time.Second, 2500*time.Milli
 // h10HoldAtMostShorterThanTTL: a maximum life shorter than the TTL: the
 // row's expiry is brought forward from grant + TTL to grant + life.
 func h10HoldAtMostShort(e *Env) { h10MaxLife(e, 3*time.Second, 800*time.Millisecond) }
-
-// h10BadHold: hold options that cannot apply are refused before anything
-// is written, naming the value and what is allowed (SPEC I1).
-func h10BadHold(e *Env) {
-	ctx := e.Ctx()
-	l := e.NewLocker(nil)
-	cases := []struct {
-		name  string
-		mode  lock.Mode
-		opts  []lock.AcquireOption
-		value string
-	}{
-		{"shared with HoldAtLeast", lock.Shared, []lock.AcquireOption{lock.HoldAtLeast(time.Second)}, "shared"},
-		{"shared with HoldAtMost", lock.Shared, []lock.AcquireOption{lock.HoldAtMost(time.Second)}, "shared"},
-		{"zero HoldAtLeast", lock.Exclusive, []lock.AcquireOption{lock.HoldAtLeast(0)}, "0s"},
-		{"negative HoldAtLeast", lock.Exclusive, []lock.AcquireOption{lock.HoldAtLeast(-time.Second)}, "-1s"},
-		{"zero HoldAtMost", lock.Exclusive, []lock.AcquireOption{lock.HoldAtMost(0)}, "0s"},
-		{"HoldAtMost past MaxHold", lock.Exclusive, []lock.AcquireOption{lock.HoldAtMost(lock.MaxHold + time.Second)}, "24h0m1s"},
-		{"HoldAtMost below HoldAtLeast", lock.Exclusive, []lock.AcquireOption{lock.HoldAtLeast(2 * time.Second), lock.HoldAtMost(time.Second)}, "1s"},
-	}
-	for _, c := range cases {
-		_, err := l.TryAcquire(ctx, "h10/bad", c.mode, c.opts...)
-		var in *lock.InputError
-		if !errors.Is(err, lock.ErrInvalidInput) || !errors.As(err, &in) {
-			e.T.Errorf("%s: TryAcquire = %v, want an *InputError matching ErrInvalidInput", c.name, err)
-			continue
-		}
-		e.Check(strings.Contains(err.Error(), c.value) && in.Allowed != "", "%s: error %q does not name the value %q and what is allowed", c.name, err, c.value)
-		ran := false
-		err = l.Do(ctx, "h10/bad", c.mode, func(context.Context, *lock.Lease) error { ran = true; return nil }, c.opts...)
-		e.Check(errors.Is(err, lock.ErrInvalidInput) && !ran, "%s: Do = %v (function ran: %v), want ErrInvalidInput without running", c.name, err, ran)
-	}
-	if hs := holders(e, l, "h10/bad"); len(hs) != 0 {
-		e.T.Errorf("refused acquires left rows: %v", hs)
-	}
-}
 
 // h10FailedHold: the hold's statement fails until the release deadline.
 // Release returns the error, the lease counts as released, and the key

@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -23,7 +22,6 @@ func init() {
 		Case{Name: "W7_CrashedHolderSlotFreedWithinTTL", Rule: "W7", Run: w7CrashedHolder},
 		Case{Name: "W7_ExclusiveNotStarvedBySemaphoreStream", Rule: "W7", Run: w7WriterNotStarved},
 		Case{Name: "W7_FIFOAdmitsSemaphoreWaitersInArrivalOrder", Rule: "W7", Needs: dialect.CapFIFO, Run: w7FIFO},
-		Case{Name: "W7_LimitRefusesBadInput", Rule: "W7", Run: w7BadInput},
 		Case{Name: "W7_LimitFollowsDialectSupport", Rule: "W7", Run: w7Support},
 	)
 }
@@ -391,52 +389,6 @@ func w7FIFO(e *Env) {
 	lb := granted(b)
 	release(lb)
 	e.Check(la.Token() < lx.Token() && lx.Token() < lb.Token(), "tokens A %d, X %d, B %d: want increasing in arrival order", la.Token(), lx.Token(), lb.Token())
-}
-
-// w7BadInput: Limit below 1, and Limit with Exclusive, are refused by
-// TryAcquire, Acquire and Do with an *InputError matching ErrInvalidInput
-// that names the value and what is allowed, and nothing is written (SPEC
-// I1). It runs on every dialect: input is checked first.
-func w7BadInput(e *Env) {
-	ctx := e.Ctx()
-	const key = "w7/input"
-	l := e.NewLocker(nil, lock.WithOwner("w7-input"))
-	for _, c := range []struct {
-		mode  lock.Mode
-		n     int
-		value string
-	}{{lock.Shared, 0, "0"}, {lock.Shared, -3, "-3"}, {lock.Exclusive, 2, "2"}} {
-		calls := map[string]func() error{
-			"TryAcquire": func() error {
-				le, err := l.TryAcquire(ctx, key, c.mode, lock.Limit(c.n))
-				if err == nil {
-					_ = le.Release(ctx)
-				}
-				return err
-			},
-			"Acquire": func() error {
-				le, err := l.Acquire(ctx, key, c.mode, lock.Limit(c.n), lock.WaitTimeout(time.Second))
-				if err == nil {
-					_ = le.Release(ctx)
-				}
-				return err
-			},
-			"Do": func() error {
-				return l.Do(ctx, key, c.mode, func(context.Context, *lock.Lease) error { return nil }, lock.Limit(c.n))
-			},
-		}
-		for name, call := range calls {
-			err := call()
-			var ie *lock.InputError
-			if !errors.Is(err, lock.ErrInvalidInput) || !errors.As(err, &ie) {
-				e.T.Errorf("%s %s with Limit(%d): want an *InputError (ErrInvalidInput), got %v", name, c.mode, c.n, err)
-				continue
-			}
-			e.Check(strings.Contains(err.Error(), c.value) && ie.Allowed != "", "%s %s with Limit(%d): %q does not name the value and what is allowed", name, c.mode, c.n, err)
-		}
-	}
-	hs, _, err := l.Holders(ctx, key)
-	e.Check(err == nil && len(hs) == 0, "after refused input: holders %v (err %v), want none", hs, err)
 }
 
 // w7Support: a dialect whose acquire statement takes @shared_limit grants

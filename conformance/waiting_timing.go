@@ -16,48 +16,12 @@ import (
 // Waiting and fairness (docs/contract.md): the retry schedule (W2) and try, wait timeouts and contexts (W3).
 func init() {
 	register(
-		Case{Name: "W2_BackoffScheduleBoundedAndGrowing", Rule: "W2", Run: w2BackoffSchedule},
 		Case{Name: "W2_PollIntervalCappedByTTL", Rule: "W2", Run: w2PollIntervalCapped},
 		Case{Name: "W2_CrashedHolderTakenOverWithinTTLPlusBackoff", Rule: "W2", Run: w2CrashedHolderTakeover},
 		Case{Name: "W3_TryAcquireReportsHolders", Rule: "W3", Run: w3TryReportsHolders},
 		Case{Name: "W3_WaitTimeoutReturnsLocked", Rule: "W3", Run: w3WaitTimeout},
-		Case{Name: "W3_NegativeWaitTimeoutRejected", Rule: "W3", Run: w3NegativeWaitTimeout},
 		Case{Name: "W3_BlockingAcquireBoundedByContext", Rule: "W3", Run: w3BoundedByContext},
 	)
-}
-
-func w2BackoffSchedule(e *Env) {
-	for _, limit := range []time.Duration{0, lock.MinBackoff, 3 * time.Millisecond, 50 * time.Millisecond, lock.DefaultMaxBackoff, 10 * time.Second} {
-		hi := max(limit, lock.MinBackoff)
-		for attempt := 0; attempt < 70; attempt++ {
-			for i := 0; i < 50; i++ {
-				if d := lock.Backoff(attempt, limit); d < lock.MinBackoff || d > hi {
-					e.T.Fatalf("Backoff(%d, %s) = %s, outside [%s, %s]", attempt, limit, d, lock.MinBackoff, hi)
-				}
-			}
-		}
-	}
-	// Exponential growth with full jitter, up to the cap.
-	const limit, draws = time.Second, 2000
-	prevMean := time.Duration(0)
-	for attempt := 0; attempt < 12; attempt++ {
-		ceil := min(limit, lock.MinBackoff<<attempt)
-		var sum, lo, hi time.Duration
-		lo = limit
-		for i := 0; i < draws; i++ {
-			d := lock.Backoff(attempt, limit)
-			sum += d
-			lo, hi = min(lo, d), max(hi, d)
-		}
-		mean := sum / draws
-		e.Check(hi <= ceil, "attempt %d: draw %s above min(cap, %s·2^n) = %s", attempt, hi, lock.MinBackoff, ceil)
-		if ceil > lock.MinBackoff {
-			spread := ceil - lock.MinBackoff
-			e.Check(hi >= ceil-spread/4 && lo <= lock.MinBackoff+spread/4, "attempt %d: draws span [%s, %s], want full jitter over [%s, %s]", attempt, lo, hi, lock.MinBackoff, ceil)
-		}
-		e.Check(ceil >= limit || attempt <= 0 || mean > prevMean, "attempt %d: mean wait %s did not grow from %s", attempt, mean, prevMean)
-		prevMean = mean
-	}
 }
 
 func w2PollIntervalCapped(e *Env) {
@@ -249,23 +213,6 @@ func w3WaitTimeout(e *Env) {
 	if took := time.Since(start); took > lcSlack {
 		e.T.Errorf("WaitTimeout(0) took %s", took)
 	}
-}
-
-func w3NegativeWaitTimeout(e *Env) {
-	ctx := e.Ctx()
-	l := e.NewLocker(nil)
-	_, err := l.Acquire(ctx, "k", lock.Exclusive, lock.WaitTimeout(-1500*time.Millisecond))
-	var ie *lock.InputError
-	e.Require(errors.Is(err, lock.ErrInvalidInput) && errors.As(err, &ie), "negative wait timeout = %v, want *InputError matching ErrInvalidInput", err)
-	e.Check(strings.Contains(err.Error(), "-1.5s"), "error %q does not name the value -1.5s", err)
-	called := false
-	err = l.Do(ctx, "k", lock.Exclusive, func(context.Context, *lock.Lease) error { called = true; return nil }, lock.WaitTimeout(-time.Nanosecond))
-	e.Check(errors.Is(err, lock.ErrInvalidInput) && !called, "Do with a negative wait timeout = %v (function called: %v), want ErrInvalidInput", err, called)
-	if hs := holders(e, l, ""); len(hs) != 0 {
-		e.T.Errorf("rejected input changed the database: %v", hs)
-	}
-	le := e.MustTryAcquire(l, "k", lock.Exclusive)
-	_ = le.Release(ctx)
 }
 
 func w3BoundedByContext(e *Env) {
