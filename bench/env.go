@@ -19,7 +19,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"   // registers driver "mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers driver "pgx"
-	"github.com/mattn/go-sqlite3"      // registers driver "sqlite3"; sqliteDriver wraps it
 
 	"github.com/sqlease/sqlease/dialect"
 	"github.com/sqlease/sqlease/dialect/mysqldialect"
@@ -175,15 +174,9 @@ func sqliteDSN(path string) string {
 // sqliteDriver is mattn/go-sqlite3 with journal_size_limit set on every
 // connection (4 MiB, the WAL's size at SQLite's automatic checkpoint), as
 // docs/operations.md ("WAL size") recommends: mattn has no DSN key for it,
-// and without it the WAL file keeps the largest size it ever reached.
+// and without it the WAL file keeps the largest size it ever reached. It is
+// registered in env_cgo.go (without cgo, mattn cannot open a database).
 const sqliteDriver = "sqlite3-bench"
-
-func init() {
-	sql.Register(sqliteDriver, &sqlite3.SQLiteDriver{ConnectHook: func(c *sqlite3.SQLiteConn) error {
-		_, err := c.Exec("PRAGMA journal_size_limit = 4194304", nil)
-		return err
-	}})
-}
 
 // open opens a pool on dsn (see sizePool).
 func (e *env) open(dsn string) (*sql.DB, error) {
