@@ -107,7 +107,7 @@ func setupCheck(fs *flag.FlagSet, out *output) func(context.Context, []string) e
 		var errs []error
 		if len(running) > 0 {
 			// The hung cases still hold their databases; leave them.
-			errs = append(errs, &exitError{code: exitFailed, err: timedOut(timeout, running, inUse())})
+			errs = append(errs, &exitError{code: exitFailed, err: timedOut(cfg.Dialect.Name(), timeout, running, inUse())})
 		} else if leftover := finish(tracked()); leftover != nil {
 			errs = append(errs, leftover)
 		}
@@ -428,27 +428,31 @@ func trackDatabases(cfg *conformance.Config) (all, inUse func() []conformance.Da
 
 // timedOut is check's error when --timeout passed with cases running: it
 // names them, and where the databases they still hold are.
-func timedOut(timeout time.Duration, running []string, inUse []conformance.Database) error {
+func timedOut(dialectName string, timeout time.Duration, running []string, inUse []conformance.Database) error {
 	err := fmt.Errorf("timed out after %s; still running: %s", timeout, strings.Join(running, ", "))
 	if len(inUse) > 0 {
-		err = fmt.Errorf("%w; their lock tables are left behind, drop them by hand once they stop: %s", err, describeNamespaces(inUse))
+		err = fmt.Errorf("%w; their lock tables are left behind, drop them by hand once they stop: %s", err, describeNamespaces(dialectName, inUse))
 	}
 	return err
 }
 
 // describeNamespaces names where dbs keep their lock tables, for a message
 // that asks the user to drop them.
-func describeNamespaces(dbs []conformance.Database) string {
+func describeNamespaces(dialectName string, dbs []conformance.Database) string {
+	word := "schema"
+	if dialectName == "mysql" {
+		word = "database" // what MySQL and MariaDB call a schema
+	}
 	var out []string
 	for _, d := range dbs {
 		switch ns := d.Namespace; {
 		case ns.Schema != "" && ns.Prefix != "":
-			out = append(out, fmt.Sprintf("schema %q, prefix %q", ns.Schema, ns.Prefix))
+			out = append(out, fmt.Sprintf("%s %q, prefix %q", word, ns.Schema, ns.Prefix))
 		case ns.Schema != "":
-			out = append(out, fmt.Sprintf("schema %q", ns.Schema))
+			out = append(out, fmt.Sprintf("%s %q", word, ns.Schema))
 		case ns.Prefix != "":
 			out = append(out, fmt.Sprintf("prefix %q", ns.Prefix))
-		default: // a database of its own (SQLite: a file)
+		default: // a database of its own (SQLite: a file, with its -wal and -shm files)
 			out = append(out, fmt.Sprintf("database %q", scrubSecrets(d.DSN, d.DSN)))
 		}
 	}

@@ -1857,10 +1857,22 @@ func TestTimeoutNamesHungCasesDatabases(t *testing.T) {
 	}
 	_, rep, running := runCasesText(t, cfg, cases, time.Second)
 	defer close(release)
-	err := timedOut(time.Second, running, inUse())
+	err := timedOut("sqlite", time.Second, running, inUse())
 	dsn := <-hungDSN
 	want := `timed out after 1s; still running: X2_Hangs; their lock tables are left behind, drop them by hand once they stop: database "` + dsn + `"`
 	if rep.Summary.Passed != 1 || err == nil || err.Error() != want {
 		t.Errorf("want 1 passed and\n%s\ngot %+v and\n%v", want, rep.Summary, err)
+	}
+}
+
+// TestDescribeNamespacesNamesMySQLDatabases: what a hung case leaves is
+// named in the dialect's words.
+func TestDescribeNamespacesNamesMySQLDatabases(t *testing.T) {
+	dbs := []conformance.Database{{Namespace: dialect.Namespace{Schema: "sqlease_t_1"}}, {Namespace: dialect.Namespace{Schema: "s", Prefix: "p_"}}}
+	if got, want := describeNamespaces("mysql", dbs), `database "sqlease_t_1"; database "s", prefix "p_"`; got != want {
+		t.Errorf("mysql: %s, want %s", got, want)
+	}
+	if got, want := describeNamespaces("postgres", dbs[:1]), `schema "sqlease_t_1"`; got != want {
+		t.Errorf("postgres: %s, want %s", got, want)
 	}
 }

@@ -32,7 +32,8 @@ var _ gocron.Elector = (*Elector)(nil)
 // (SPEC H10); a bad acquire option ends the campaign (IsLeader returns
 // its error). Errors: an error matching lock.ErrInvalidInput for a nil
 // l, a bad key, a nil option (also among WithAcquireOptions),
-// WithLogger(nil) or WithKeyPrefix, which is NewLocker's (SPEC I1).
+// WithLogger(nil) or a non-empty WithKeyPrefix, which is NewLocker's
+// (SPEC I1).
 func NewElector(l *lock.Locker, key string, opts ...Option) (*Elector, error) {
 	if l == nil {
 		return nil, fmt.Errorf("gocronlock: NewElector: nil *lock.Locker: %w", lock.ErrInvalidInput)
@@ -44,7 +45,7 @@ func NewElector(l *lock.Locker, key string, opts ...Option) (*Elector, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.prefixSet {
+	if c.prefix != "" {
 		return nil, fmt.Errorf("gocronlock: NewElector: WithKeyPrefix(%q) applies to NewLocker only; put it in the key instead (%q): %w", clipPrefix(c.prefix), clipPrefix(c.prefix)+key, lock.ErrInvalidInput)
 	}
 	return &Elector{key: key, campaign: schedjob.StartCampaign(l, key, c.logger, c.acquire...)}, nil

@@ -35,11 +35,10 @@ var ErrNoLease = errors.New("gocronlock: the job runs without a lease")
 type Option func(*config)
 
 type config struct {
-	logger    *slog.Logger
-	prefix    string
-	prefixSet bool
-	acquire   []lock.AcquireOption
-	bad       error // the first option refused
+	logger  *slog.Logger
+	prefix  string
+	acquire []lock.AcquireOption
+	bad     error // the first option refused
 }
 
 // WithLogger sets where runs skipped because the key is held (DEBUG),
@@ -57,11 +56,11 @@ func WithLogger(logger *slog.Logger) Option {
 
 // WithKeyPrefix puts prefix before every job name to make the lock key
 // (default "": the key is the job's name). Locker only: NewElector refuses
-// it (put the prefix in its key). A prefix that no key may start with
+// a non-empty one (put the prefix in its key). A prefix that no key may start with
 // (over 511 bytes, invalid UTF-8, NUL) is refused by NewLocker
 // (lock.ErrInvalidInput, SPEC I1).
 func WithKeyPrefix(prefix string) Option {
-	return func(c *config) { c.prefix, c.prefixSet = prefix, true }
+	return func(c *config) { c.prefix = prefix }
 }
 
 // WithAcquireOptions passes options to every acquire of a Locker, for

@@ -132,6 +132,12 @@ func TestBadInput(t *testing.T) {
 		if !errors.Is(err, lock.ErrInvalidInput) || !strings.Contains(err.Error(), `put it in the key instead ("jobs/k")`) {
 			t.Errorf("NewElector with WithKeyPrefix = %v, want ErrInvalidInput suggesting the key jobs/k", err)
 		}
+		// The default prefix, given explicitly, is no prefix.
+		if el, err := gocronlock.NewElector(l, "k", gocronlock.WithKeyPrefix("")); err != nil {
+			t.Errorf(`NewElector with WithKeyPrefix("") = %v, want the default`, err)
+		} else {
+			el.Close()
+		}
 		// A good prefix still works after the refusals.
 		gl, err := gocronlock.NewLocker(l, gocronlock.WithKeyPrefix("jobs/"))
 		if err != nil {

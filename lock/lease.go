@@ -383,10 +383,12 @@ func (le *Lease) Renew(ctx context.Context) error {
 // with cause ErrReleased, unless it was lost before or the release found
 // the lease gone (cause: a *LeaseLostError).
 //
-// It returns nil when the lease was deleted. It returns an error matching
-// ErrNotHeld when the database no longer had the lease (it had expired and
-// was taken over or swept, or it was lost); the lease is then lost too
-// (Err, Context). Release is idempotent: once a release reached the
+// It returns nil when it deleted the lease's row, also after a loss the
+// Locker had already reported (its trusted window ended, yet the row was
+// still there): nil does not mean the lease was held throughout; Err does
+// tell. It returns an error matching ErrNotHeld when the database no longer
+// had the lease (it had expired and was taken over or swept, or a renewal
+// had found it gone); the lease is then lost too (Err, Context). Release is idempotent: once a release reached the
 // database, every later call returns what that one returned (nil, or the
 // ErrNotHeld error). A release that still fails at its deadline is logged
 // at WARN and returned; the row then ends by expiry, and calling Release
