@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqlease/sqlease/dialect"
@@ -429,15 +430,22 @@ func setDeaf(k listenerKey) bool {
 	return first
 }
 
+// listenerWarnAfter is how many attempts in a row must fail before
+// listening for a failure to be logged at WARN: a dropped connection comes
+// back at the next attempt, a missing right or procedure never does.
+const listenerWarnAfter = 3
+
 // run keeps a listening connection until ctx ends, reconnecting after
 // failures with a pause.
 func (ln *listener) run(ctx context.Context, k listenerKey, dl dialect.Listener, logger *slog.Logger) {
 	defer close(ln.done)
 	channel := k.channel
+	failed := 0 // attempts in a row that failed before listening
 	for ctx.Err() == nil {
+		var ready atomic.Bool
 		conn, err := k.db.Conn(ctx)
 		if err == nil {
-			err = dl.Listen(ctx, conn, channel, func(p string) { w := dialect.ParseWake(p); hubWake(channel, w.Key, w.WaiterID) }, func() { ln.setListening(k, true) })
+			err = dl.Listen(ctx, conn, channel, func(p string) { w := dialect.ParseWake(p); hubWake(channel, w.Key, w.WaiterID) }, func() { ready.Store(true); ln.setListening(k, true) })
 			_ = conn.Close()
 		}
 		ln.setListening(k, false)
@@ -449,7 +457,14 @@ func (ln *listener) run(ctx context.Context, k listenerKey, dl dialect.Listener,
 			return
 		}
 		if ctx.Err() == nil {
-			logger.Debug("sqlease: notification listener failed; waiters poll until it is back", "err", err)
+			if failed++; ready.Load() {
+				failed = 0
+			}
+			if failed == listenerWarnAfter {
+				logger.Warn("sqlease: notification listener keeps failing before it listens; waiters poll until it is back (a missing right or migration?)", "channel", channel, "attempts", failed, "err", err)
+			} else {
+				logger.Debug("sqlease: notification listener failed; waiters poll until it is back", "err", err)
+			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):

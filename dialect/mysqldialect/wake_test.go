@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
@@ -357,3 +358,53 @@ func TestPushWakeCleanup_MySQL(t *testing.T) {
 
 // nowUS is the database clock in microseconds.
 const nowUS = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))`
+
+// TestListenerFailingForGoodIsWarned_MySQL: a listener that can never
+// start (here its procedure is missing, as with a role without EXECUTE on
+// it) is logged once at WARN after a few attempts, not only at DEBUG every
+// second, and waiters still get the key by polling.
+func TestListenerFailingForGoodIsWarned_MySQL(t *testing.T) {
+	if os.Getenv(wakeSchemaEnv) != "" {
+		t.Skip("child process")
+	}
+	db, ns, _ := tokenSchema(t, "sqlease_t_wake_", 0)
+	ctx := t.Context()
+	if _, err := db.ExecContext(ctx, "DROP PROCEDURE "+ns.Object(mysqldialect.New(), "listen_start")); err != nil {
+		t.Fatal(err)
+	}
+	// The waiter's Locker starts the listener and logs for it.
+	var logs lockedBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	l, err := lock.New(ctx, db, mysqldialect.New(), lock.WithSchema(ns.Schema), lock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	held, err := l.TryAcquire(ctx, "warned", lock.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := make(chan error, 1)
+	go func() {
+		other, err := lock.New(ctx, db, mysqldialect.New(), lock.WithSchema(ns.Schema), lock.WithTTL(time.Minute), lock.WithLogger(logger))
+		if err == nil {
+			defer other.Close(context.Background())
+			var le *lock.Lease
+			if le, err = other.Acquire(ctx, "warned", lock.Exclusive, lock.WaitTimeout(30*time.Second)); err == nil {
+				err = le.Release(ctx)
+			}
+		}
+		granted <- err
+	}()
+	const warning = "notification listener keeps failing before it listens"
+	waitFor(t, "the listener's warning", func() bool { return strings.Contains(logs.String(), warning) })
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-granted; err != nil {
+		t.Fatalf("the waiter, polling: %v", err)
+	}
+	if n := strings.Count(logs.String(), warning); n != 1 || !strings.Contains(logs.String(), "listen_start") {
+		t.Errorf("want one warning naming the missing procedure, got %d:\n%s", n, logs.String())
+	}
+}
