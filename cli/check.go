@@ -439,10 +439,7 @@ func timedOut(dialectName string, timeout time.Duration, running []string, inUse
 // describeNamespaces names where dbs keep their lock tables, for a message
 // that asks the user to drop them.
 func describeNamespaces(dialectName string, dbs []conformance.Database) string {
-	word := "schema"
-	if dialectName == "mysql" {
-		word = "database" // what MySQL and MariaDB call a schema
-	}
+	word := schemaWord(dialectName)
 	var out []string
 	for _, d := range dbs {
 		switch ns := d.Namespace; {
@@ -711,7 +708,7 @@ func (t *caseT) Context() context.Context { return t.ctx }
 // MySQL and MariaDB call it a database.
 func schemaWord(dialectName string) string {
 	if dialectName == "mysql" {
-		return "schema (MySQL, MariaDB: database)"
+		return "database"
 	}
 	return "schema"
 }
