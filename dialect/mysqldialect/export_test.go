@@ -1,11 +1,16 @@
 package mysqldialect
 
-import "time"
+import (
+	"testing"
+	"time"
+)
 
 // SetListenTiming sets the listening session's sleep and registration TTL
-// for a test and returns the function that puts them back.
-func SetListenTiming(sleep, ttl time.Duration) func() {
+// for a test. The old values come back in a t.Cleanup, which runs after the
+// cleanups registered later (the test's Lockers and their listeners), so no
+// listener reads them while they are put back.
+func SetListenTiming(t testing.TB, sleep, ttl time.Duration) {
 	s, l := listenSleep, listenTTL
 	listenSleep, listenTTL = sleep, ttl
-	return func() { listenSleep, listenTTL = s, l }
+	t.Cleanup(func() { listenSleep, listenTTL = s, l })
 }

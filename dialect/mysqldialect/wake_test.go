@@ -54,7 +54,7 @@ func TestWakeChild_MySQL(t *testing.T) {
 		if err := errors.Join(err1, err2); err != nil {
 			t.Fatal(err)
 		}
-		defer mysqldialect.SetListenTiming(sd, td)()
+		mysqldialect.SetListenTiming(t, sd, td)
 	}
 	ctx := context.Background()
 	db := openShared(t, nil)
@@ -272,7 +272,7 @@ func TestPushWakeCleanup_MySQL(t *testing.T) {
 	if os.Getenv(wakeSchemaEnv) != "" {
 		t.Skip("child process")
 	}
-	defer mysqldialect.SetListenTiming(time.Second, 3*time.Second)()
+	mysqldialect.SetListenTiming(t, time.Second, 3*time.Second)
 	db, ns, _ := tokenSchema(t, "sqlease_t_wake_", 0)
 	ctx := t.Context()
 	d := mysqldialect.New()
