@@ -74,9 +74,9 @@
 -- +goose Up
 ALTER TABLE {holders} DROP INDEX token, ADD INDEX token (token);
 
-DROP PROCEDURE IF EXISTS {acquire_limit};
+/*!80000 DROP PROCEDURE IF EXISTS {acquire_limit} */ /*M!100103 DO 0 */;
 -- +goose StatementBegin
-CREATE PROCEDURE {acquire_limit}(
+CREATE /*M!100103 OR REPLACE */ PROCEDURE {acquire_limit}(
     IN p_key VARBINARY(512), IN p_mode VARCHAR(1), IN p_lease_id VARBINARY(64),
     IN p_owner VARCHAR(256) CHARACTER SET utf8mb4,
     IN p_ttl_us BIGINT, IN p_marker_us BIGINT, IN p_watch_us BIGINT, IN p_limit BIGINT)
@@ -223,9 +223,9 @@ BEGIN
 END;
 -- +goose StatementEnd
 
-DROP PROCEDURE IF EXISTS {release};
+/*!80000 DROP PROCEDURE IF EXISTS {release} */ /*M!100103 DO 0 */;
 -- +goose StatementBegin
-CREATE PROCEDURE {release}(IN p_lease_id VARBINARY(64), IN p_token BIGINT)
+CREATE /*M!100103 OR REPLACE */ PROCEDURE {release}(IN p_lease_id VARBINARY(64), IN p_token BIGINT)
 MODIFIES SQL DATA
 SQL SECURITY INVOKER
 BEGIN
@@ -270,9 +270,9 @@ END;
 -- +goose Down
 ALTER TABLE {holders} DROP INDEX token, ADD UNIQUE KEY token (token);
 
-DROP PROCEDURE IF EXISTS {release};
+/*!80000 DROP PROCEDURE IF EXISTS {release} */ /*M!100103 DO 0 */;
 -- +goose StatementBegin
-CREATE PROCEDURE {release}(IN p_lease_id VARBINARY(64), IN p_token BIGINT)
+CREATE /*M!100103 OR REPLACE */ PROCEDURE {release}(IN p_lease_id VARBINARY(64), IN p_token BIGINT)
 MODIFIES SQL DATA
 SQL SECURITY INVOKER
 BEGIN
@@ -299,9 +299,9 @@ BEGIN
 END;
 -- +goose StatementEnd
 
-DROP PROCEDURE IF EXISTS {acquire_limit};
+/*!80000 DROP PROCEDURE IF EXISTS {acquire_limit} */ /*M!100103 DO 0 */;
 -- +goose StatementBegin
-CREATE PROCEDURE {acquire_limit}(
+CREATE /*M!100103 OR REPLACE */ PROCEDURE {acquire_limit}(
     IN p_key VARBINARY(512), IN p_mode VARCHAR(1), IN p_lease_id VARBINARY(64),
     IN p_owner VARCHAR(256) CHARACTER SET utf8mb4,
     IN p_ttl_us BIGINT, IN p_marker_us BIGINT, IN p_watch_us BIGINT, IN p_limit BIGINT)
