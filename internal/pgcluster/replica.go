@@ -154,10 +154,17 @@ func (c *Cluster) Promote(ctx context.Context) error {
 		case errors.As(err, &pe) && pe.Code == "55000" && attempt > 1:
 			// "recovery is not in progress": the cancelled call below
 			// had started the promotion.
-		case errors.As(err, &pe) && pe.Code == "40001" && attempt < 5:
+		case errors.As(err, &pe) && pe.Code == "40001" && attempt < 20:
 			// A recovery conflict cancelled the call on the standby
 			// ("canceling statement due to conflict with recovery"):
-			// the promotion may have started or not; ask again.
+			// the promotion may have started or not; ask again, after
+			// a pause that lets replay move past the conflict (CI saw
+			// five conflicts in a row without one).
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("pgcluster: promote: %w (last error: %v)", ctx.Err(), err)
+			case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+			}
 			continue
 		default:
 			return fmt.Errorf("pgcluster: promote: %w", err)
